@@ -1,0 +1,498 @@
+//! The side checkpoint: a SQLite database (WAL, synchronous=FULL) holding, per job, its
+//! settings, each partition's next offset and event-time progress, the watermark floor, the
+//! open windows, and an outbox of output not yet confirmed in DuckDB.
+//!
+//! A cycle commits its new state together with its output rows in one SQLite transaction,
+//! then applies the output to DuckDB idempotently and removes it from the outbox. A killed run
+//! leaves either the old state (the cycle is redone) or the new state with its output in the
+//! outbox (re-applied by the next run): nothing is lost and nothing is counted twice.
+
+use std::fs::File;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::error::{EtlError, Result};
+use crate::host::Host;
+use crate::params::CheckpointLocation;
+use crate::state::{JobSettings, PartitionState};
+use crate::watermark::NO_WATERMARK;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS streaming_etl_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT OR IGNORE INTO streaming_etl_meta VALUES ('schema_version', '1');
+CREATE TABLE IF NOT EXISTS jobs (
+  job TEXT PRIMARY KEY,
+  source TEXT NOT NULL,
+  window_ms INTEGER NOT NULL,
+  lateness_ms INTEGER NOT NULL,
+  key_field TEXT NOT NULL,
+  time_field TEXT NOT NULL,
+  value_field TEXT NOT NULL,
+  watermark_ms INTEGER,
+  open_windows BLOB,
+  open_window_count INTEGER NOT NULL DEFAULT 0,
+  next_seq INTEGER NOT NULL DEFAULT 1,
+  created_ms INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS partitions (
+  job TEXT NOT NULL,
+  partition INTEGER NOT NULL,
+  name TEXT NOT NULL,
+  next_offset INTEGER NOT NULL,
+  max_event_time_ms INTEGER,
+  last_delivery_ms INTEGER NOT NULL,
+  end_offset INTEGER,
+  updated_ms INTEGER NOT NULL,
+  PRIMARY KEY (job, partition));
+CREATE TABLE IF NOT EXISTS outbox (
+  job TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  windows_table TEXT NOT NULL,
+  late_table TEXT NOT NULL,
+  dead_letter_table TEXT NOT NULL,
+  topic TEXT NOT NULL,
+  batch BLOB NOT NULL,
+  PRIMARY KEY (job, seq));
+";
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredJob {
+    pub settings: JobSettings,
+    pub watermark_ms: i64,
+    pub open_windows: Option<Vec<u8>>,
+    pub next_seq: i64,
+    pub partitions: Vec<PartitionState>,
+}
+
+/// Output committed to the outbox but not yet confirmed in DuckDB.
+pub struct Pending {
+    pub seq: i64,
+    pub windows_table: String,
+    pub late_table: String,
+    pub dead_letter_table: String,
+    pub topic: String,
+    pub batch: Vec<u8>,
+}
+
+/// What one cycle commits.
+pub struct CycleCommit<'a> {
+    pub watermark_ms: i64,
+    pub open_windows: &'a [u8],
+    pub open_window_count: usize,
+    pub partitions: &'a [PartitionState],
+    /// The cycle's output, encoded, with where it goes; None when the cycle produced nothing.
+    pub output: Option<&'a Pending>,
+    pub now_ms: i64,
+}
+
+/// One row of `streaming_etl_checkpoint()`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointRow {
+    pub job: String,
+    pub source: String,
+    pub partition: Option<i32>,
+    pub name: Option<String>,
+    pub next_offset: Option<i64>,
+    pub max_event_time_ms: Option<i64>,
+    pub partition_watermark_ms: Option<i64>,
+    pub global_watermark_ms: Option<i64>,
+    pub open_windows: i64,
+    pub pending_batches: i64,
+    pub end_offset: Option<i64>,
+    pub lag: Option<i64>,
+    pub window_ms: i64,
+    pub lateness_ms: i64,
+    pub last_update_ms: i64,
+}
+
+pub struct Checkpoint {
+    conn: Arc<Mutex<Connection>>,
+    path: String,
+}
+
+fn sql_err(path: &str) -> impl Fn(rusqlite::Error) -> EtlError + '_ {
+    move |e| EtlError::checkpoint(path, e)
+}
+
+impl Checkpoint {
+    /// Opens (creating when missing) the checkpoint at `location`.
+    pub fn open(location: &CheckpointLocation, host: &Host) -> Result<Checkpoint> {
+        match location {
+            CheckpointLocation::Memory => {
+                let conn = host.memory_checkpoint(|| {
+                    let c = Connection::open_in_memory().map_err(sql_err(":memory:"))?;
+                    c.execute_batch(SCHEMA).map_err(sql_err(":memory:"))?;
+                    Ok(c)
+                })?;
+                Ok(Checkpoint {
+                    conn,
+                    path: ":memory:".into(),
+                })
+            }
+            CheckpointLocation::File(path) => {
+                let conn = Connection::open(path).map_err(|e| {
+                    EtlError::checkpoint(path, format!("cannot open or create it: {e}"))
+                })?;
+                let err = sql_err(path);
+                conn.busy_timeout(std::time::Duration::from_secs(30))
+                    .map_err(&err)?;
+                // Reading the header first turns "not a database" into an error right here.
+                let mode: String = conn
+                    .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+                    .map_err(|e| {
+                        EtlError::checkpoint(path, format!("not a usable checkpoint file: {e}"))
+                    })?;
+                if !mode.eq_ignore_ascii_case("wal") {
+                    return Err(EtlError::checkpoint(
+                        path,
+                        format!("cannot switch it to WAL mode (got journal_mode={mode}); is its directory writable?"),
+                    ));
+                }
+                conn.execute_batch("PRAGMA synchronous=FULL;")
+                    .map_err(&err)?;
+                let check: String = conn
+                    .query_row("PRAGMA quick_check", [], |r| r.get(0))
+                    .map_err(|e| EtlError::checkpoint(path, format!("the file is damaged: {e}")))?;
+                if check != "ok" {
+                    return Err(EtlError::checkpoint(
+                        path,
+                        format!("the file is damaged: {check}"),
+                    ));
+                }
+                conn.execute_batch(SCHEMA)
+                    .map_err(|e| EtlError::checkpoint(path, format!("cannot write it: {e}")))?;
+                Ok(Checkpoint {
+                    conn: Arc::new(Mutex::new(conn)),
+                    path: path.clone(),
+                })
+            }
+        }
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn db(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn load_job(&self, job: &str) -> Result<Option<StoredJob>> {
+        let db = self.db();
+        let err = sql_err(&self.path);
+        let head = db
+            .query_row(
+                "SELECT source, window_ms, lateness_ms, key_field, time_field, value_field,
+                        watermark_ms, open_windows, next_seq FROM jobs WHERE job = ?1",
+                [job],
+                |r| {
+                    Ok((
+                        JobSettings {
+                            source: r.get(0)?,
+                            window_ms: r.get(1)?,
+                            lateness_ms: r.get(2)?,
+                            key_field: r.get(3)?,
+                            time_field: r.get(4)?,
+                            value_field: r.get(5)?,
+                        },
+                        r.get::<_, Option<i64>>(6)?,
+                        r.get::<_, Option<Vec<u8>>>(7)?,
+                        r.get::<_, i64>(8)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(&err)?;
+        let Some((settings, watermark, open_windows, next_seq)) = head else {
+            return Ok(None);
+        };
+        let mut stmt = db
+            .prepare(
+                "SELECT partition, name, next_offset, max_event_time_ms, last_delivery_ms, end_offset
+                 FROM partitions WHERE job = ?1 ORDER BY partition",
+            )
+            .map_err(&err)?;
+        let partitions = stmt
+            .query_map([job], |r| {
+                Ok(PartitionState {
+                    partition: r.get(0)?,
+                    name: r.get(1)?,
+                    next_offset: r.get(2)?,
+                    max_event_time_ms: r.get(3)?,
+                    last_delivery_ms: r.get(4)?,
+                    end_offset: r.get(5)?,
+                })
+            })
+            .map_err(&err)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(&err)?;
+        Ok(Some(StoredJob {
+            settings,
+            watermark_ms: watermark.unwrap_or(NO_WATERMARK),
+            open_windows,
+            next_seq,
+            partitions,
+        }))
+    }
+
+    pub fn create_job(&self, job: &str, s: &JobSettings, now_ms: i64) -> Result<()> {
+        self.db()
+            .execute(
+                "INSERT INTO jobs (job, source, window_ms, lateness_ms, key_field, time_field, value_field, created_ms, updated_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)",
+                params![job, s.source, s.window_ms, s.lateness_ms, s.key_field, s.time_field, s.value_field, now_ms],
+            )
+            .map_err(|e| EtlError::checkpoint(&self.path, format!("cannot write it: {e}")))?;
+        Ok(())
+    }
+
+    /// Output of earlier cycles not yet confirmed in DuckDB, oldest first.
+    pub fn pending(&self, job: &str) -> Result<Vec<Pending>> {
+        let db = self.db();
+        let err = sql_err(&self.path);
+        let mut stmt = db
+            .prepare(
+                "SELECT seq, windows_table, late_table, dead_letter_table, topic, batch
+                 FROM outbox WHERE job = ?1 ORDER BY seq",
+            )
+            .map_err(&err)?;
+        let rows = stmt
+            .query_map([job], |r| {
+                Ok(Pending {
+                    seq: r.get(0)?,
+                    windows_table: r.get(1)?,
+                    late_table: r.get(2)?,
+                    dead_letter_table: r.get(3)?,
+                    topic: r.get(4)?,
+                    batch: r.get(5)?,
+                })
+            })
+            .map_err(&err)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(&err);
+        rows
+    }
+
+    /// Commits a cycle: state and output in one transaction.
+    pub fn commit_cycle(&self, job: &str, c: &CycleCommit<'_>) -> Result<()> {
+        let mut db = self.db();
+        let err = sql_err(&self.path);
+        let tx = db.transaction().map_err(&err)?;
+        let watermark = (c.watermark_ms != NO_WATERMARK).then_some(c.watermark_ms);
+        let next_seq = c.output.map(|p| p.seq + 1);
+        tx.execute(
+            "UPDATE jobs SET watermark_ms = ?2, open_windows = ?3, open_window_count = ?4,
+                    next_seq = COALESCE(?5, next_seq), updated_ms = ?6 WHERE job = ?1",
+            params![
+                job,
+                watermark,
+                c.open_windows,
+                c.open_window_count as i64,
+                next_seq,
+                c.now_ms
+            ],
+        )
+        .map_err(&err)?;
+        {
+            let mut up = tx
+                .prepare_cached(
+                    "INSERT INTO partitions (job, partition, name, next_offset, max_event_time_ms, last_delivery_ms, end_offset, updated_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                     ON CONFLICT (job, partition) DO UPDATE SET name = excluded.name,
+                       next_offset = excluded.next_offset, max_event_time_ms = excluded.max_event_time_ms,
+                       last_delivery_ms = excluded.last_delivery_ms, end_offset = excluded.end_offset,
+                       updated_ms = excluded.updated_ms",
+                )
+                .map_err(&err)?;
+            for p in c.partitions {
+                up.execute(params![
+                    job,
+                    p.partition,
+                    p.name,
+                    p.next_offset,
+                    p.max_event_time_ms,
+                    p.last_delivery_ms,
+                    p.end_offset,
+                    c.now_ms
+                ])
+                .map_err(&err)?;
+            }
+        }
+        if let Some(p) = c.output {
+            tx.execute(
+                "INSERT INTO outbox (job, seq, windows_table, late_table, dead_letter_table, topic, batch)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![job, p.seq, p.windows_table, p.late_table, p.dead_letter_table, p.topic, p.batch],
+            )
+            .map_err(&err)?;
+        }
+        crate::testing::crash_point("checkpoint-before-commit");
+        tx.commit().map_err(&err)?;
+        Ok(())
+    }
+
+    /// Forgets output that DuckDB has durably applied.
+    pub fn applied(&self, job: &str, seq: i64) -> Result<()> {
+        self.db()
+            .execute(
+                "DELETE FROM outbox WHERE job = ?1 AND seq = ?2",
+                params![job, seq],
+            )
+            .map_err(sql_err(&self.path))?;
+        Ok(())
+    }
+
+    /// Every job's partitions (a job without partitions yet gets one row).
+    pub fn rows(&self, job: Option<&str>) -> Result<Vec<CheckpointRow>> {
+        let db = self.db();
+        let err = sql_err(&self.path);
+        let mut stmt = db
+            .prepare(
+                "SELECT j.job, j.source, p.partition, p.name, p.next_offset, p.max_event_time_ms,
+                        j.watermark_ms, j.open_window_count,
+                        (SELECT count(*) FROM outbox o WHERE o.job = j.job),
+                        p.end_offset, j.window_ms, j.lateness_ms,
+                        COALESCE(p.updated_ms, j.updated_ms)
+                 FROM jobs j LEFT JOIN partitions p ON p.job = j.job
+                 WHERE ?1 IS NULL OR j.job = ?1
+                 ORDER BY j.job, p.partition",
+            )
+            .map_err(&err)?;
+        let rows = stmt
+            .query_map([job], |r| {
+                let lateness: i64 = r.get(11)?;
+                let max: Option<i64> = r.get(5)?;
+                let next: Option<i64> = r.get(4)?;
+                let end: Option<i64> = r.get(9)?;
+                Ok(CheckpointRow {
+                    job: r.get(0)?,
+                    source: r.get(1)?,
+                    partition: r.get(2)?,
+                    name: r.get::<_, Option<String>>(3)?.filter(|n| !n.is_empty()),
+                    next_offset: next,
+                    max_event_time_ms: max,
+                    partition_watermark_ms: max.map(|m| m.saturating_sub(lateness)),
+                    global_watermark_ms: r.get(6)?,
+                    open_windows: r.get(7)?,
+                    pending_batches: r.get(8)?,
+                    end_offset: end,
+                    lag: end.zip(next).map(|(e, n)| (e - n).max(0)),
+                    window_ms: r.get(10)?,
+                    lateness_ms: lateness,
+                    last_update_ms: r.get(12)?,
+                })
+            })
+            .map_err(&err)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(&err);
+        rows
+    }
+}
+
+/// The rows of `streaming_etl_checkpoint()`: reads without creating or changing anything (a
+/// checkpoint that does not exist yet has no rows).
+pub fn inspect(
+    location: &CheckpointLocation,
+    host: &Host,
+    job: Option<&str>,
+) -> Result<Vec<CheckpointRow>> {
+    let checkpoint = match location {
+        CheckpointLocation::Memory => match host.existing_memory_checkpoint() {
+            Some(conn) => Checkpoint {
+                conn,
+                path: ":memory:".into(),
+            },
+            None => return Ok(Vec::new()),
+        },
+        CheckpointLocation::File(path) => {
+            if !std::path::Path::new(path).exists() {
+                return Ok(Vec::new());
+            }
+            let conn =
+                Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                    .map_err(|e| EtlError::checkpoint(path, format!("cannot open it: {e}")))?;
+            conn.busy_timeout(std::time::Duration::from_secs(30))
+                .map_err(sql_err(path))?;
+            let has_jobs: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'jobs'",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(|e| {
+                    EtlError::checkpoint(path, format!("not a usable checkpoint file: {e}"))
+                })?;
+            if has_jobs == 0 {
+                return Ok(Vec::new());
+            }
+            Checkpoint {
+                conn: Arc::new(Mutex::new(conn)),
+                path: path.clone(),
+            }
+        }
+    };
+    checkpoint.rows(job)
+}
+
+/// Exclusive right to run one job, released on drop (also when the process dies).
+pub enum JobLock {
+    File(File),
+    Memory(Arc<Host>, String),
+}
+
+impl Drop for JobLock {
+    fn drop(&mut self) {
+        if let JobLock::Memory(host, job) = self {
+            host.release_memory_job(job);
+        }
+    }
+}
+
+/// Takes the job's lock: a byte (chosen by hashing the job name) of `<checkpoint>.lock`.
+pub fn lock_job(location: &CheckpointLocation, job: &str, host: &Arc<Host>) -> Result<JobLock> {
+    let busy = |path: &str| EtlError::JobBusy {
+        job: job.to_string(),
+        path: path.to_string(),
+    };
+    match location {
+        CheckpointLocation::Memory => {
+            if host.claim_memory_job(job) {
+                Ok(JobLock::Memory(Arc::clone(host), job.to_string()))
+            } else {
+                Err(busy(":memory:"))
+            }
+        }
+        CheckpointLocation::File(path) => {
+            let lock_path = format!("{path}.lock");
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&lock_path)
+                .map_err(|e| {
+                    EtlError::checkpoint(
+                        path,
+                        format!("cannot create its lock file '{lock_path}': {e}"),
+                    )
+                })?;
+            // FNV-1a of the job name picks the byte; a collision only makes two jobs wait
+            // for each other, never run together.
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for b in job.bytes() {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
+            let offset = (h >> 2) as i64;
+            match crate::ffi::try_lock_byte(&file, offset) {
+                Ok(true) => Ok(JobLock::File(file)),
+                Ok(false) => Err(busy(path)),
+                Err(e) => Err(EtlError::checkpoint(
+                    path,
+                    format!("cannot lock '{lock_path}': {e}"),
+                )),
+            }
+        }
+    }
+}

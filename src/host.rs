@@ -1,0 +1,210 @@
+//! The host database as the extension sees it: a small pool of connections of its own (runs
+//! write through them, independent of the caller's transaction), and a watcher that lets go of
+//! them once the user has closed every connection of theirs. Without the watcher those
+//! connections would keep the database open forever (database → registered function →
+//! connection → database): its file lock held, its WAL never checkpointed, and a reopen in the
+//! same process spinning in DuckDB's instance cache.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, PoisonError, Weak};
+use std::time::Duration;
+
+use crate::error::{EtlError, Result};
+use crate::ffi::DuckConn;
+
+/// Connections opened at load time; more runs at once wait for one to be free.
+pub const POOL_SIZE: usize = 4;
+
+/// How often the watcher looks at the connection count while no run is active.
+const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+
+pub struct Host {
+    pool: Mutex<Vec<DuckConn>>,
+    freed: Condvar,
+    size: usize,
+    released: AtomicBool,
+    /// The database file, or None for an in-memory database.
+    db_path: Option<String>,
+    /// The in-memory checkpoint of an in-memory database (lives as long as the database).
+    memory_checkpoint: Mutex<Option<Arc<Mutex<rusqlite::Connection>>>>,
+    /// Jobs running against the in-memory checkpoint (file checkpoints use file locks).
+    memory_jobs: Mutex<HashSet<String>>,
+}
+
+/// Held by a watcher while it talks to DuckDB; taken for good when the process exits, so that
+/// no watcher runs DuckDB code while the process tears DuckDB down.
+static EXIT_GATE: Mutex<()> = Mutex::new(());
+static EXITING: AtomicBool = AtomicBool::new(false);
+static AT_EXIT: Once = Once::new();
+/// Every database the extension is loaded into, for the exit handler.
+static HOSTS: Mutex<Vec<Weak<Host>>> = Mutex::new(Vec::new());
+
+/// At process exit (the CLI quitting, a script ending) the user's last connection may have
+/// closed an instant ago: release ours now, on this thread, so the database still closes
+/// cleanly (checkpointed) instead of leaving its WAL behind. Then keep watchers out for good.
+extern "C" fn on_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        EXITING.store(true, Ordering::SeqCst);
+        let guard = EXIT_GATE.lock().unwrap_or_else(PoisonError::into_inner);
+        let hosts: Vec<Arc<Host>> = lock(&HOSTS).iter().filter_map(Weak::upgrade).collect();
+        for h in hosts {
+            h.release_if_unused();
+        }
+        std::mem::forget(guard);
+    });
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves nothing half-updated that matters more
+    // than refusing every later run would.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Host {
+    /// Takes the connections opened at load time and starts the watcher.
+    pub fn start(conns: Vec<DuckConn>, db_path: Option<String>) -> Arc<Host> {
+        AT_EXIT.call_once(|| crate::ffi::at_exit(on_exit));
+        let host = Arc::new(Host {
+            size: conns.len(),
+            pool: Mutex::new(conns),
+            freed: Condvar::new(),
+            released: AtomicBool::new(false),
+            db_path,
+            memory_checkpoint: Mutex::new(None),
+            memory_jobs: Mutex::new(HashSet::new()),
+        });
+        lock(&HOSTS).retain(|w| w.strong_count() > 0);
+        lock(&HOSTS).push(Arc::downgrade(&host));
+        let watched = Arc::clone(&host);
+        let spawned = std::thread::Builder::new()
+            .name("streaming_etl-watch".into())
+            .spawn(move || watched.watch());
+        if spawned.is_err() {
+            // Without a watcher the database stays pinned until the process exits; runs still work.
+            eprintln!("streaming_etl: could not start the connection watcher thread");
+        }
+        host
+    }
+
+    pub fn db_path(&self) -> Option<&str> {
+        self.db_path.as_deref()
+    }
+
+    fn watch(self: Arc<Self>) {
+        loop {
+            std::thread::sleep(WATCH_INTERVAL);
+            if EXITING.load(Ordering::SeqCst) {
+                return;
+            }
+            let _gate = lock(&EXIT_GATE);
+            if EXITING.load(Ordering::SeqCst) {
+                return;
+            }
+            if self.release_if_unused() {
+                return;
+            }
+        }
+    }
+
+    /// Closes the extension's connections if nothing else uses the database any more: no run
+    /// in progress and no user connection left. Returns whether they are released.
+    fn release_if_unused(&self) -> bool {
+        if self.released.load(Ordering::SeqCst) {
+            return true;
+        }
+        let released = {
+            let mut pool = lock(&self.pool);
+            // A run in progress means a user connection is running it.
+            if pool.len() < self.size {
+                return false;
+            }
+            let Some(first) = pool.first() else {
+                return true;
+            };
+            match first.query_i64("SELECT count FROM duckdb_connection_count()") {
+                Ok(Some(n)) if n <= self.size as i64 => {
+                    self.released.store(true, Ordering::SeqCst);
+                    std::mem::take(&mut *pool)
+                }
+                _ => return false,
+            }
+        };
+        // Dropping the last connections closes the database (checkpoint, file lock) here,
+        // outside the pool lock.
+        drop(released);
+        self.freed.notify_all();
+        true
+    }
+
+    /// Borrows a connection for one run, waiting while all are in use.
+    pub fn checkout(self: &Arc<Self>) -> Result<PooledConn> {
+        let mut pool = lock(&self.pool);
+        loop {
+            if self.released.load(Ordering::SeqCst) {
+                return Err(EtlError::Detached);
+            }
+            if let Some(conn) = pool.pop() {
+                return Ok(PooledConn {
+                    host: Arc::clone(self),
+                    conn: Some(conn),
+                });
+            }
+            pool = self
+                .freed
+                .wait(pool)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// The in-memory checkpoint database of this (in-memory) database, created on first use.
+    pub fn memory_checkpoint(
+        &self,
+        open: impl FnOnce() -> Result<rusqlite::Connection>,
+    ) -> Result<Arc<Mutex<rusqlite::Connection>>> {
+        let mut slot = lock(&self.memory_checkpoint);
+        if let Some(c) = slot.as_ref() {
+            return Ok(Arc::clone(c));
+        }
+        let c = Arc::new(Mutex::new(open()?));
+        *slot = Some(Arc::clone(&c));
+        Ok(c)
+    }
+
+    /// The in-memory checkpoint, if a run has created it.
+    pub fn existing_memory_checkpoint(&self) -> Option<Arc<Mutex<rusqlite::Connection>>> {
+        lock(&self.memory_checkpoint).clone()
+    }
+
+    /// Marks `job` as running against the in-memory checkpoint; false if it already is.
+    pub fn claim_memory_job(&self, job: &str) -> bool {
+        lock(&self.memory_jobs).insert(job.to_string())
+    }
+
+    pub fn release_memory_job(&self, job: &str) {
+        lock(&self.memory_jobs).remove(job);
+    }
+}
+
+/// A connection borrowed from the pool, returned on drop.
+pub struct PooledConn {
+    host: Arc<Host>,
+    conn: Option<DuckConn>,
+}
+
+impl PooledConn {
+    pub fn conn(&self) -> Result<&DuckConn> {
+        self.conn.as_ref().ok_or(EtlError::Detached)
+    }
+}
+
+impl Drop for PooledConn {
+    fn drop(&mut self) {
+        if let Some(c) = self.conn.take() {
+            // Leave no transaction open on a pooled connection (a failed cycle may have).
+            let _ = c.execute("ROLLBACK");
+            lock(&self.host.pool).push(c);
+            self.host.freed.notify_one();
+        }
+    }
+}

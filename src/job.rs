@@ -1,0 +1,393 @@
+//! One run of a job: take the job's lock, restore its state from the checkpoint, finish any
+//! output a killed run left in the outbox, then read in checkpoint cycles (read → commit state
+//! and output to SQLite → apply output to DuckDB → confirm) until the source is caught up or a
+//! limit is reached.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::checkpoint::{lock_job, Checkpoint, CycleCommit, JobLock, Pending};
+use crate::decode::Decoder;
+use crate::error::{EtlError, Result};
+use crate::host::{Host, PooledConn};
+use crate::params::{RunConfig, SourceSpec, TableName, Tables};
+use crate::pipeline::{
+    read_cycle, reported_watermark, CycleLimits, Engine, PartitionProgress, Stop,
+};
+use crate::sink;
+use crate::source::file::FileSource;
+use crate::source::Source;
+use crate::state::{decode_windows, encode_windows, Batch, JobSettings, PartitionState};
+use crate::watermark::PartitionClock;
+
+/// Late and dead rows a cycle may gather before it checkpoints early (bounds memory).
+const MAX_PENDING_ROWS: usize = 500_000;
+
+pub fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// What a run reports (the row of `streaming_etl_run`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunStats {
+    pub job: String,
+    pub events_consumed: u64,
+    pub windows_emitted: u64,
+    pub late_events: u64,
+    pub dead_letters: u64,
+    pub watermark_ms: Option<i64>,
+    pub elapsed_ms: i64,
+    pub events_per_sec: f64,
+    pub open_windows: u64,
+    pub partitions: u64,
+    pub cycles: u64,
+    pub stop: &'static str,
+    pub done: bool,
+}
+
+pub struct Run {
+    cfg: Arc<RunConfig>,
+    conn: PooledConn,
+    checkpoint: Checkpoint,
+    _lock: JobLock,
+    source: Box<dyn Source>,
+    engine: Engine,
+    exhausted: Vec<bool>,
+    names: Vec<String>,
+    next_seq: i64,
+    started: Instant,
+    run_deadline: Option<Instant>,
+    cycles: u64,
+    stop: Option<Stop>,
+    batch: Batch,
+    encoded: Vec<u8>,
+    windows_blob: Vec<u8>,
+}
+
+fn settings_mismatch(job: &str, stored: &JobSettings, wanted: &JobSettings) -> Option<EtlError> {
+    let diff = |setting: &'static str, a: String, b: String| {
+        (a != b).then(|| EtlError::SettingsChanged {
+            job: job.to_string(),
+            setting,
+            stored: a,
+            requested: b,
+        })
+    };
+    diff(
+        "topic",
+        format!("'{}'", stored.source),
+        format!("'{}'", wanted.source),
+    )
+    .or_else(|| {
+        diff(
+            "window_ms",
+            stored.window_ms.to_string(),
+            wanted.window_ms.to_string(),
+        )
+    })
+    .or_else(|| {
+        diff(
+            "lateness_ms",
+            stored.lateness_ms.to_string(),
+            wanted.lateness_ms.to_string(),
+        )
+    })
+    .or_else(|| {
+        diff(
+            "key_field",
+            format!("'{}'", stored.key_field),
+            format!("'{}'", wanted.key_field),
+        )
+    })
+    .or_else(|| {
+        diff(
+            "time_field",
+            format!("'{}'", stored.time_field),
+            format!("'{}'", wanted.time_field),
+        )
+    })
+    .or_else(|| {
+        diff(
+            "value_field",
+            format!("'{}'", stored.value_field),
+            format!("'{}'", wanted.value_field),
+        )
+    })
+}
+
+fn tables_of(p: &Pending) -> Result<Tables> {
+    let parse = |t: &str| {
+        TableName::parse(t).ok_or_else(|| {
+            EtlError::Internal(format!(
+                "unreadable table name '{t}' in the checkpoint outbox"
+            ))
+        })
+    };
+    Ok(Tables {
+        windows: parse(&p.windows_table)?,
+        late: parse(&p.late_table)?,
+        dead: parse(&p.dead_letter_table)?,
+    })
+}
+
+impl Run {
+    pub fn start(cfg: Arc<RunConfig>, host: &Arc<Host>) -> Result<Run> {
+        let started = Instant::now();
+        let lock = lock_job(&cfg.checkpoint, &cfg.job, host)?;
+        let checkpoint = Checkpoint::open(&cfg.checkpoint, host)?;
+        let conn = host.checkout()?;
+        let now = wall_ms();
+        let wanted = cfg.settings();
+        let stored = match checkpoint.load_job(&cfg.job)? {
+            Some(s) => {
+                if let Some(e) = settings_mismatch(&cfg.job, &s.settings, &wanted) {
+                    return Err(e);
+                }
+                s
+            }
+            None => {
+                checkpoint.create_job(&cfg.job, &wanted, now)?;
+                checkpoint
+                    .load_job(&cfg.job)?
+                    .ok_or_else(|| EtlError::Internal("job vanished from the checkpoint".into()))?
+            }
+        };
+
+        sink::ensure_tables(conn.conn()?, &cfg.tables)?;
+        // Output a killed run committed to the checkpoint but may not have written to DuckDB.
+        for p in checkpoint.pending(&cfg.job)? {
+            let batch =
+                Batch::decode(&p.batch).map_err(|e| EtlError::checkpoint(checkpoint.path(), e))?;
+            let tables = tables_of(&p)?;
+            sink::ensure_tables(conn.conn()?, &tables)?;
+            sink::apply(conn.conn()?, &tables, &p.topic, &batch)?;
+            checkpoint.applied(&cfg.job, p.seq)?;
+        }
+
+        let known: Vec<(i32, String)> = stored
+            .partitions
+            .iter()
+            .map(|p| (p.partition, p.name.clone()))
+            .collect();
+        let offsets: HashMap<i32, i64> = stored
+            .partitions
+            .iter()
+            .map(|p| (p.partition, p.next_offset))
+            .collect();
+        let source: Box<dyn Source> = match &cfg.source {
+            SourceSpec::Files { pattern } => Box::new(FileSource::open(
+                &cfg.topic,
+                pattern,
+                &known,
+                &offsets,
+                cfg.partitions.as_deref(),
+            )?),
+            SourceSpec::Kafka { .. } => {
+                return Err(EtlError::source(
+                    &cfg.topic,
+                    "Kafka topics are not supported by this build yet; use file:<glob>",
+                ))
+            }
+        };
+
+        let by_partition: HashMap<i32, &PartitionState> =
+            stored.partitions.iter().map(|p| (p.partition, p)).collect();
+        let progress: Vec<PartitionProgress> = source
+            .partitions()
+            .iter()
+            .map(|sp| {
+                let st = by_partition.get(&sp.partition);
+                PartitionProgress {
+                    partition: sp.partition,
+                    next_offset: sp.start_offset,
+                    clock: PartitionClock::new(
+                        st.and_then(|s| s.max_event_time_ms),
+                        st.map_or(now, |s| s.last_delivery_ms),
+                    ),
+                }
+            })
+            .collect();
+        let names = source.partitions().iter().map(|p| p.name.clone()).collect();
+        let open_windows = match &stored.open_windows {
+            Some(b) => decode_windows(b).map_err(|e| EtlError::checkpoint(checkpoint.path(), e))?,
+            None => Vec::new(),
+        };
+        let decoder = Decoder::new(
+            cfg.key_field.clone(),
+            cfg.time_field.clone(),
+            cfg.value_field.clone(),
+        );
+        let engine = Engine::new(
+            cfg.window_ms,
+            cfg.lateness_ms,
+            cfg.idle_timeout_ms,
+            decoder,
+            stored.watermark_ms,
+            &progress,
+            open_windows,
+            now,
+        );
+        let exhausted = vec![false; progress.len()];
+        Ok(Run {
+            run_deadline: cfg
+                .max_runtime_ms
+                .map(|ms| started + Duration::from_millis(ms as u64)),
+            cfg,
+            conn,
+            checkpoint,
+            _lock: lock,
+            source,
+            engine,
+            exhausted,
+            names,
+            next_seq: stored.next_seq,
+            started,
+            cycles: 0,
+            stop: None,
+            batch: Batch::default(),
+            encoded: Vec::new(),
+            windows_blob: Vec::new(),
+        })
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.stop.is_some_and(|s| s != Stop::CycleEnd)
+    }
+
+    /// Reads one checkpoint cycle and makes it durable. Returns false once the run is over.
+    pub fn cycle(&mut self) -> Result<bool> {
+        if self.is_done() {
+            return Ok(false);
+        }
+        let consumed = self.engine.counters().events_consumed;
+        let limits = CycleLimits {
+            remaining_messages: self
+                .cfg
+                .max_messages
+                .map_or(u64::MAX, |m| m.saturating_sub(consumed)),
+            cycle_deadline: Instant::now()
+                + Duration::from_millis(self.cfg.checkpoint_interval_ms as u64),
+            run_deadline: self.run_deadline,
+            max_pending_rows: MAX_PENDING_ROWS,
+        };
+        let stop = read_cycle(
+            &mut self.engine,
+            self.source.as_mut(),
+            &mut self.exhausted,
+            &limits,
+            &wall_ms,
+        )?;
+        self.stop = Some(stop);
+        if stop != Stop::CycleEnd {
+            // Idle partitions are judged by the wall clock at the end of the run too.
+            self.engine.set_now(wall_ms());
+            if self.cfg.flush && stop == Stop::CaughtUp {
+                self.engine.flush();
+            }
+        }
+        self.commit()?;
+        self.cycles += 1;
+        Ok(!self.is_done())
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        self.engine.take_output(&mut self.batch);
+        let now = wall_ms();
+        let partitions: Vec<PartitionState> = self
+            .engine
+            .progress()
+            .iter()
+            .enumerate()
+            .map(|(i, p)| PartitionState {
+                partition: p.partition,
+                name: self.names[i].clone(),
+                next_offset: p.next_offset,
+                max_event_time_ms: p.clock.max_event_time_ms,
+                last_delivery_ms: p.clock.last_delivery_ms,
+                end_offset: self.source.end_offset(i),
+            })
+            .collect();
+        self.windows_blob.clear();
+        encode_windows(
+            self.engine.windows().iter(),
+            self.engine.open_windows(),
+            &mut self.windows_blob,
+        );
+        let pending = if self.batch.is_empty() {
+            None
+        } else {
+            self.encoded.clear();
+            self.batch.encode(&mut self.encoded);
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            Some(Pending {
+                seq,
+                windows_table: self.cfg.tables.windows.sql(),
+                late_table: self.cfg.tables.late.sql(),
+                dead_letter_table: self.cfg.tables.dead.sql(),
+                topic: self.cfg.topic.clone(),
+                batch: std::mem::take(&mut self.encoded),
+            })
+        };
+        self.checkpoint.commit_cycle(
+            &self.cfg.job,
+            &CycleCommit {
+                watermark_ms: self.engine.watermark_ms(),
+                open_windows: &self.windows_blob,
+                open_window_count: self.engine.open_windows(),
+                partitions: &partitions,
+                output: pending.as_ref(),
+                now_ms: now,
+            },
+        )?;
+        if let Some(p) = pending {
+            sink::apply(
+                self.conn.conn()?,
+                &self.cfg.tables,
+                &self.cfg.topic,
+                &self.batch,
+            )?;
+            crate::testing::crash_point("after-sink-commit");
+            self.checkpoint.applied(&self.cfg.job, p.seq)?;
+            self.encoded = p.batch;
+        }
+        let offsets: Vec<(i32, i64)> = partitions
+            .iter()
+            .map(|p| (p.partition, p.next_offset))
+            .collect();
+        self.source.checkpointed(&offsets)
+    }
+
+    pub fn stats(&self) -> RunStats {
+        let c = self.engine.counters();
+        let elapsed = self.started.elapsed();
+        RunStats {
+            job: self.cfg.job.clone(),
+            events_consumed: c.events_consumed,
+            windows_emitted: c.windows_emitted,
+            late_events: c.late_events,
+            dead_letters: c.dead_letters,
+            watermark_ms: reported_watermark(self.engine.watermark_ms()),
+            elapsed_ms: elapsed.as_millis() as i64,
+            events_per_sec: if elapsed.as_secs_f64() > 0.0 {
+                c.events_consumed as f64 / elapsed.as_secs_f64()
+            } else {
+                0.0
+            },
+            open_windows: self.engine.open_windows() as u64,
+            partitions: self.names.len() as u64,
+            cycles: self.cycles,
+            stop: match self.stop {
+                None | Some(Stop::CycleEnd) => "running",
+                Some(Stop::CaughtUp) => "caught_up",
+                Some(Stop::MaxMessages) => "max_messages",
+                Some(Stop::MaxRuntime) => "max_runtime",
+            },
+            done: self.is_done(),
+        }
+    }
+}

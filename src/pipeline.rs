@@ -1,0 +1,607 @@
+//! The pipeline: decode → per-partition watermark → tumbling windows, with late events and bad
+//! messages sent to side outputs, over a source read in event-time order.
+//!
+//! Reading order: the next message always comes from the partition (among those with
+//! something to deliver) whose largest event time so far is smallest, ties going to the lower
+//! partition. That keeps partitions level in event time, so the global watermark moves and
+//! windows close as early as they can, and it makes the order a function of the data and the
+//! checkpointed state alone: a run that is stopped or killed and resumed processes the same
+//! messages in the same order as a straight run, and so classifies the same events as late.
+
+use std::time::Instant;
+
+use crate::decode::{DecodeError, Decoder, Field};
+use crate::error::Result;
+use crate::source::{Message, Pull, Source};
+use crate::state::{Batch, DeadRow, LateRow};
+use crate::watermark::{PartitionClock, Watermarks, NO_WATERMARK};
+use crate::window::{window_end_ms, window_start_ms, Aggregate, WindowStore};
+
+/// Running totals of a run.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    pub events_consumed: u64,
+    pub windows_emitted: u64,
+    pub late_events: u64,
+    pub dead_letters: u64,
+}
+
+/// The event-time core for one job: pure state, fed one message at a time.
+pub struct Engine {
+    window_ms: i64,
+    decoder: Decoder,
+    windows: WindowStore,
+    marks: Watermarks,
+    partitions: Vec<i32>,
+    next_offsets: Vec<i64>,
+    /// Output since the last checkpoint.
+    out: Batch,
+    counters: Counters,
+    /// Wall clock used as ingest time; refreshed every few thousand messages.
+    now_ms: i64,
+}
+
+/// A partition's position as the engine starts or checkpoints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionProgress {
+    pub partition: i32,
+    pub next_offset: i64,
+    pub clock: PartitionClock,
+}
+
+impl Engine {
+    pub fn new(
+        window_ms: i64,
+        lateness_ms: i64,
+        idle_timeout_ms: Option<i64>,
+        decoder: Decoder,
+        floor_ms: i64,
+        partitions: &[PartitionProgress],
+        open_windows: Vec<(i64, Box<str>, Aggregate)>,
+        now_ms: i64,
+    ) -> Engine {
+        let mut windows = WindowStore::new(window_ms);
+        for (start, key, agg) in open_windows {
+            windows.insert(start, key, agg);
+        }
+        Engine {
+            window_ms,
+            decoder,
+            windows,
+            marks: Watermarks::new(
+                lateness_ms,
+                idle_timeout_ms,
+                floor_ms,
+                partitions.iter().map(|p| p.clock).collect(),
+            ),
+            partitions: partitions.iter().map(|p| p.partition).collect(),
+            next_offsets: partitions.iter().map(|p| p.next_offset).collect(),
+            out: Batch::default(),
+            counters: Counters::default(),
+            now_ms,
+        }
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    pub fn watermark_ms(&self) -> i64 {
+        self.marks.global_ms()
+    }
+
+    pub fn open_windows(&self) -> usize {
+        self.windows.open_windows()
+    }
+
+    pub fn windows(&self) -> &WindowStore {
+        &self.windows
+    }
+
+    pub fn output(&self) -> &Batch {
+        &self.out
+    }
+
+    /// Hands over the output gathered since the last call.
+    pub fn take_output(&mut self, into: &mut Batch) {
+        into.clear();
+        std::mem::swap(into, &mut self.out);
+    }
+
+    /// Every partition's position and event-time progress, for a checkpoint.
+    pub fn progress(&self) -> Vec<PartitionProgress> {
+        self.partitions
+            .iter()
+            .zip(&self.next_offsets)
+            .zip(self.marks.clocks())
+            .map(|((&partition, &next_offset), &clock)| PartitionProgress {
+                partition,
+                next_offset,
+                clock,
+            })
+            .collect()
+    }
+
+    pub fn partition_watermark_ms(&self, idx: usize) -> Option<i64> {
+        self.marks.partition_watermark_ms(idx)
+    }
+
+    pub fn set_now(&mut self, now_ms: i64) {
+        self.now_ms = now_ms;
+        if self.marks.refresh_idle(now_ms) {
+            self.close_windows();
+        }
+    }
+
+    /// Records that the partition at `idx` delivered now (it is not idle).
+    pub fn delivered(&mut self, idx: usize) {
+        if self.marks.delivered(idx, self.now_ms) {
+            self.close_windows();
+        }
+    }
+
+    /// Processes one message of the partition at `idx`.
+    #[inline]
+    pub fn process(&mut self, idx: usize, msg: &Message<'_>) {
+        self.counters.events_consumed += 1;
+        self.next_offsets[idx] = msg.next_offset;
+        let partition = self.partitions[idx];
+        let decoded = match self.decoder.decode(msg.payload) {
+            Ok(d) => d,
+            Err(e) => return self.dead(partition, msg, e),
+        };
+        let key = match decoded.key {
+            Some(k) => k,
+            None => match msg.key {
+                Some(k) => match std::str::from_utf8(k) {
+                    Ok(k) => k,
+                    Err(_) => return self.dead(partition, msg, DecodeError::KeyNotUtf8),
+                },
+                None => return self.dead(partition, msg, DecodeError::Missing(Field::Key)),
+            },
+        };
+        let t = decoded.event_time_ms;
+        let start = window_start_ms(t, self.window_ms);
+        let end = window_end_ms(start, self.window_ms);
+        let watermark = self.marks.global_ms();
+        if end <= watermark {
+            self.counters.late_events += 1;
+            self.out.late.push(LateRow {
+                key: key.to_string(),
+                event_time_ms: t,
+                ingest_time_ms: self.now_ms,
+                // Decoding checked the message is UTF-8.
+                payload: String::from_utf8_lossy(msg.payload).into_owned(),
+                window_start_ms: start,
+                window_end_ms: end,
+                watermark_ms: watermark,
+                partition,
+                offset: msg.offset,
+            });
+        } else {
+            self.windows.add(start, key, decoded.value);
+        }
+        if self.marks.observe(idx, t) {
+            self.close_windows();
+        }
+    }
+
+    fn dead(&mut self, partition: i32, msg: &Message<'_>, e: DecodeError) {
+        self.counters.dead_letters += 1;
+        self.out.dead.push(DeadRow {
+            partition,
+            offset: msg.offset,
+            ingest_time_ms: self.now_ms,
+            raw: msg.payload.to_vec(),
+            error: self.decoder.describe(e),
+        });
+    }
+
+    fn close_windows(&mut self) {
+        let before = self.out.windows.len();
+        self.windows
+            .close_through(self.marks.global_ms(), &mut self.out.windows);
+        self.counters.windows_emitted += (self.out.windows.len() - before) as u64;
+    }
+
+    /// Closes every open window (bounded input is over). The watermark moves up to the last
+    /// window end, so that later events for these windows are late, never a second version.
+    pub fn flush(&mut self) {
+        let before = self.out.windows.len();
+        if let Some(end) = self.windows.close_all(&mut self.out.windows) {
+            self.marks.raise_to(end);
+        }
+        self.counters.windows_emitted += (self.out.windows.len() - before) as u64;
+    }
+
+    #[inline]
+    fn order_key(&self, idx: usize) -> (i64, usize) {
+        (self.marks.max_event_time_ms(idx).unwrap_or(i64::MIN), idx)
+    }
+}
+
+/// Why reading stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The cycle is over (time or output size); the run goes on.
+    CycleEnd,
+    /// Every partition is caught up.
+    CaughtUp,
+    MaxMessages,
+    MaxRuntime,
+}
+
+/// Bounds of one cycle of reading.
+pub struct CycleLimits {
+    /// Messages the run may still consume.
+    pub remaining_messages: u64,
+    pub cycle_deadline: Instant,
+    pub run_deadline: Option<Instant>,
+    /// The cycle ends once this many late/dead rows are waiting (bounds memory).
+    pub max_pending_rows: usize,
+}
+
+/// How often (in messages) the clock is read.
+const CLOCK_EVERY: u32 = 2048;
+
+/// Reads from the source into the engine until the cycle or the run is over.
+pub fn read_cycle(
+    engine: &mut Engine,
+    source: &mut dyn Source,
+    exhausted: &mut [bool],
+    limits: &CycleLimits,
+    wall_ms: &dyn Fn() -> i64,
+) -> Result<Stop> {
+    let mut remaining = limits.remaining_messages;
+    let mut since_clock = 0u32;
+    let mut stop = None;
+    engine.set_now(wall_ms());
+    loop {
+        if remaining == 0 {
+            return Ok(Stop::MaxMessages);
+        }
+        // The partition to read next, and the order key it may run up to before another
+        // partition comes first.
+        let mut best: Option<(i64, usize)> = None;
+        let mut second: Option<(i64, usize)> = None;
+        for (idx, _) in exhausted.iter().enumerate().filter(|(_, &done)| !done) {
+            let k = engine.order_key(idx);
+            if best.is_none_or(|b| k < b) {
+                second = best;
+                best = Some(k);
+            } else if second.is_none_or(|s| k < s) {
+                second = Some(k);
+            }
+        }
+        let Some((_, idx)) = best else {
+            return Ok(Stop::CaughtUp);
+        };
+        let mut first = true;
+        let pulled = source.pull(idx, &mut |msg: &Message<'_>| {
+            if first {
+                engine.delivered(idx);
+                first = false;
+            }
+            engine.process(idx, msg);
+            remaining -= 1;
+            since_clock += 1;
+            if since_clock >= CLOCK_EVERY {
+                since_clock = 0;
+                let now = Instant::now();
+                if limits.run_deadline.is_some_and(|d| now >= d) {
+                    stop = Some(Stop::MaxRuntime);
+                    return false;
+                }
+                if now >= limits.cycle_deadline {
+                    stop = Some(Stop::CycleEnd);
+                    return false;
+                }
+                engine.set_now(wall_ms());
+            }
+            if remaining == 0 {
+                return false;
+            }
+            let pending = engine.out.late.len() + engine.out.dead.len();
+            if pending >= limits.max_pending_rows {
+                stop = Some(Stop::CycleEnd);
+                return false;
+            }
+            second.is_none_or(|s| engine.order_key(idx) < s)
+        })?;
+        if pulled == Pull::Exhausted {
+            exhausted[idx] = true;
+        }
+        if let Some(s) = stop {
+            return Ok(s);
+        }
+        let now = Instant::now();
+        if limits.run_deadline.is_some_and(|d| now >= d) {
+            return Ok(Stop::MaxRuntime);
+        }
+        if now >= limits.cycle_deadline {
+            return Ok(Stop::CycleEnd);
+        }
+    }
+}
+
+/// The watermark as reported to users: NULL before any watermark exists.
+pub fn reported_watermark(ms: i64) -> Option<i64> {
+    (ms != NO_WATERMARK).then_some(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::FieldPath;
+    use crate::source::memory::MemorySource;
+    use std::time::Duration;
+
+    fn decoder() -> Decoder {
+        Decoder::new(
+            FieldPath::parse("key").unwrap(),
+            FieldPath::parse("event_time_ms").unwrap(),
+            FieldPath::parse("payload.value").unwrap(),
+        )
+    }
+
+    fn ev(key: &str, t: i64, v: f64) -> String {
+        format!(r#"{{"key":"{key}","event_time_ms":{t},"payload":{{"value":{v}}}}}"#)
+    }
+
+    fn engine(parts: usize, window: i64, lateness: i64) -> Engine {
+        let progress: Vec<_> = (0..parts)
+            .map(|i| PartitionProgress {
+                partition: i as i32,
+                next_offset: 0,
+                clock: PartitionClock::new(None, 0),
+            })
+            .collect();
+        Engine::new(
+            window,
+            lateness,
+            None,
+            decoder(),
+            NO_WATERMARK,
+            &progress,
+            vec![],
+            0,
+        )
+    }
+
+    fn limits(max: u64) -> CycleLimits {
+        CycleLimits {
+            remaining_messages: max,
+            cycle_deadline: Instant::now() + Duration::from_secs(3600),
+            run_deadline: None,
+            max_pending_rows: usize::MAX,
+        }
+    }
+
+    /// Runs to the end, optionally stopping every `stop_every` messages and resuming from the
+    /// engine's own progress (as a new run from a checkpoint would); returns sorted windows,
+    /// late (partition, offset) pairs and the dead count.
+    fn run(
+        data: &[Vec<String>],
+        stop_every: u64,
+        flush: bool,
+    ) -> (Vec<(i64, String, i64, Option<f64>)>, Vec<(i32, i64)>, u64) {
+        let mut eng = engine(data.len(), 1000, 200);
+        let mut windows = Vec::new();
+        let mut late = Vec::new();
+        let mut dead = 0;
+        loop {
+            let starts: Vec<i64> = eng.progress().iter().map(|p| p.next_offset).collect();
+            let mut src = MemorySource::new(data.to_vec(), &starts);
+            let mut exhausted = vec![false; data.len()];
+            let stop = read_cycle(
+                &mut eng,
+                &mut src,
+                &mut exhausted,
+                &limits(stop_every),
+                &|| 0,
+            )
+            .unwrap();
+            if stop == Stop::CaughtUp && flush {
+                eng.flush();
+            }
+            let mut b = Batch::default();
+            eng.take_output(&mut b);
+            windows.extend(b.windows.iter().map(|w| {
+                (
+                    w.start_ms,
+                    w.key.to_string(),
+                    w.agg.count,
+                    w.agg.sum_value(),
+                )
+            }));
+            late.extend(b.late.iter().map(|l| (l.partition, l.offset)));
+            dead += b.dead.len() as u64;
+            if stop == Stop::CaughtUp {
+                break;
+            }
+            // Resume like a restart: rebuild the engine from its checkpointable state.
+            let open: Vec<_> = eng
+                .windows()
+                .iter()
+                .map(|(s, k, a)| (s, k.into(), *a))
+                .collect();
+            let progress = eng.progress();
+            let floor = eng.watermark_ms();
+            eng = Engine::new(1000, 200, None, decoder(), floor, &progress, open, 0);
+        }
+        windows.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        late.sort();
+        (windows, late, dead)
+    }
+
+    #[test]
+    fn reading_partitions_in_sequence_makes_no_event_late() {
+        // Partition 1's events are all older than partition 0's newest: reading partition 0
+        // first would make them late under a per-topic watermark.
+        let p0: Vec<String> = (0..50).map(|i| ev("a", 10_000 + i * 100, 1.0)).collect();
+        let p1: Vec<String> = (0..50).map(|i| ev("b", i * 100, 1.0)).collect();
+        let mut eng = engine(2, 1000, 0);
+        let mut src = MemorySource::new(vec![p0.clone(), vec![]], &[0, 0]);
+        // Only partition 0 is readable in this first run: nothing may close or be late.
+        let mut exhausted = vec![false, true];
+        read_cycle(&mut eng, &mut src, &mut exhausted, &limits(u64::MAX), &|| 0).unwrap();
+        assert_eq!(eng.output().windows.len(), 0);
+        let mut src = MemorySource::new(vec![p0, p1], &[50, 0]);
+        let mut exhausted = vec![false, false];
+        read_cycle(&mut eng, &mut src, &mut exhausted, &limits(u64::MAX), &|| 0).unwrap();
+        assert_eq!(eng.counters().late_events, 0);
+        assert_eq!(eng.counters().events_consumed, 100);
+    }
+
+    #[test]
+    fn late_events_go_to_the_side_output_with_the_watermark() {
+        let p0 = vec![
+            ev("a", 1000, 1.0),
+            ev("a", 5000, 1.0),
+            ev("a", 1500, 2.0),
+            ev("a", 4300, 3.0),
+        ];
+        let mut eng = engine(1, 1000, 200);
+        let mut src = MemorySource::new(vec![p0], &[0]);
+        read_cycle(&mut eng, &mut src, &mut [false], &limits(u64::MAX), &|| 0).unwrap();
+        let out = eng.output();
+        assert_eq!(out.late.len(), 1);
+        let l = &out.late[0];
+        assert_eq!(
+            (
+                l.event_time_ms,
+                l.window_start_ms,
+                l.window_end_ms,
+                l.watermark_ms,
+                l.offset
+            ),
+            (1500, 1000, 2000, 4800, 2)
+        );
+        // Window [1000,2000) closed at watermark 4800 with one event; 4300 is on time (end 5000 > 4800).
+        assert_eq!(out.windows.len(), 1);
+        assert_eq!(eng.open_windows(), 2);
+    }
+
+    #[test]
+    fn window_end_equal_to_watermark_is_late() {
+        let p0 = vec![ev("a", 2200, 1.0), ev("a", 1999, 1.0)];
+        let mut eng = engine(1, 1000, 200);
+        let mut src = MemorySource::new(vec![p0], &[0]);
+        read_cycle(&mut eng, &mut src, &mut [false], &limits(u64::MAX), &|| 0).unwrap();
+        assert_eq!(
+            eng.counters().late_events,
+            1,
+            "window [1000,2000) ends at watermark 2000"
+        );
+    }
+
+    #[test]
+    fn bad_messages_are_dead_letters_and_reading_goes_on() {
+        let p0 = vec![
+            "garbage".to_string(),
+            ev("a", 10, 1.0),
+            r#"{"key":"a"}"#.to_string(),
+            r#"{"event_time_ms":1}"#.to_string(),
+        ];
+        let mut eng = engine(1, 1000, 0);
+        let mut src = MemorySource::new(vec![p0], &[0]);
+        read_cycle(&mut eng, &mut src, &mut [false], &limits(u64::MAX), &|| 0).unwrap();
+        let reasons: Vec<_> = eng
+            .output()
+            .dead
+            .iter()
+            .map(|d| (d.offset, d.error.clone()))
+            .collect();
+        assert_eq!(
+            reasons,
+            vec![
+                (0, "not JSON: expected a value".to_string()),
+                (2, "missing event time field 'event_time_ms'".to_string()),
+                (3, "missing key field 'key'".to_string()),
+            ]
+        );
+        assert_eq!(eng.counters().events_consumed, 4);
+        assert_eq!(eng.open_windows(), 1);
+    }
+
+    #[test]
+    fn flush_closes_everything_and_raises_the_watermark() {
+        let mut eng = engine(1, 1000, 0);
+        let mut src = MemorySource::new(vec![vec![ev("a", 100, 1.0), ev("b", 2500, 2.0)]], &[0]);
+        read_cycle(&mut eng, &mut src, &mut [false], &limits(u64::MAX), &|| 0).unwrap();
+        eng.flush();
+        assert_eq!(eng.output().windows.len(), 2);
+        assert_eq!(eng.watermark_ms(), 3000);
+        assert_eq!(eng.open_windows(), 0);
+    }
+
+    fn skewed_data() -> Vec<Vec<String>> {
+        // Four partitions; partition 2 is 5 s behind; every 20th event is 2-5 windows late;
+        // a few bad lines.
+        (0..4)
+            .map(|p| {
+                (0..400)
+                    .map(|i| {
+                        let base = 1_000_000 + i * 40 + p * 10 - if p == 2 { 5000 } else { 0 };
+                        if i % 97 == 13 {
+                            "{bad".to_string()
+                        } else if i % 20 == 7 {
+                            ev(
+                                &format!("k{}", i % 5),
+                                base - 1000 * (2 + i % 4),
+                                i as f64 * 0.37,
+                            )
+                        } else {
+                            ev(&format!("k{}", i % 5), base, i as f64 * 0.37)
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn stop_and_resume_anywhere_equals_a_straight_run() {
+        let data = skewed_data();
+        let straight = run(&data, u64::MAX, true);
+        assert!(!straight.1.is_empty(), "the fixture has late events");
+        let total: i64 = straight.0.iter().map(|w| w.2).sum::<i64>()
+            + straight.1.len() as i64
+            + straight.2 as i64;
+        assert_eq!(total, 1600, "every message counted exactly once");
+        for every in [1, 7, 100, 399, 1000] {
+            assert_eq!(
+                run(&data, every, true),
+                straight,
+                "stopping every {every} messages"
+            );
+        }
+    }
+
+    #[test]
+    fn kafka_key_is_used_when_the_json_has_none() {
+        let mut eng = engine(1, 1000, 0);
+        let payload = br#"{"event_time_ms":5}"#;
+        eng.process(
+            0,
+            &Message {
+                offset: 0,
+                next_offset: 1,
+                payload,
+                key: Some(b"from-kafka"),
+            },
+        );
+        eng.process(
+            0,
+            &Message {
+                offset: 1,
+                next_offset: 2,
+                payload,
+                key: Some(&[0xff]),
+            },
+        );
+        eng.flush();
+        assert_eq!(&*eng.output().windows[0].key, "from-kafka");
+        assert_eq!(eng.output().dead.len(), 1);
+    }
+}
