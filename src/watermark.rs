@@ -106,18 +106,34 @@ impl Watermarks {
     }
 
     /// Marks partitions idle that have not delivered for `idle_timeout_ms` at wall-clock
-    /// `now_ms`; returns whether the global watermark advanced.
+    /// `now_ms`; returns whether the global watermark advanced. Partitions that went idle since
+    /// the last look are taken in the order they went idle, so the result is the one a
+    /// continuous look would have given (one partition going quiet before another lets the
+    /// watermark move in between).
     pub fn refresh_idle(&mut self, now_ms: i64) -> bool {
         let Some(timeout) = self.idle_timeout_ms else {
             return false;
         };
-        let mut changed = false;
-        for c in &mut self.clocks {
-            let idle = now_ms.saturating_sub(c.last_delivery_ms) >= timeout;
-            changed |= idle != c.idle;
-            c.idle = idle;
+        let mut newly: Vec<(i64, usize)> = self
+            .clocks
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !c.idle && now_ms.saturating_sub(c.last_delivery_ms) >= timeout)
+            .map(|(i, c)| (c.last_delivery_ms, i))
+            .collect();
+        newly.sort_unstable();
+        let mut advanced = false;
+        let mut k = 0;
+        while k < newly.len() {
+            // Partitions that went quiet at the same instant go idle together.
+            let at = newly[k].0;
+            while k < newly.len() && newly[k].0 == at {
+                self.clocks[newly[k].1].idle = true;
+                k += 1;
+            }
+            advanced |= self.recompute();
         }
-        changed && self.recompute()
+        advanced
     }
 
     /// Raises the floor (after a flush closed windows ahead of the watermark).
@@ -214,6 +230,17 @@ mod tests {
         assert_eq!(w.global_ms(), 10_000, "partition 1 holds it again");
         w.observe(1, 15_000);
         assert_eq!(w.global_ms(), 15_000);
+    }
+
+    #[test]
+    fn partitions_going_idle_one_after_another_let_the_watermark_move_in_between() {
+        // Partition 1 never delivered (seen at 0); partition 0 delivered at 10. Looking only at
+        // 1_000, both are idle, but partition 1 went quiet first.
+        let mut w = Watermarks::new(0, Some(100), NO_WATERMARK, vec![PartitionClock::new(None, 0); 2]);
+        w.delivered(0, 10);
+        w.observe(0, 5_000);
+        assert!(w.refresh_idle(1_000));
+        assert_eq!(w.global_ms(), 5_000);
     }
 
     #[test]
