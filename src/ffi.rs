@@ -108,7 +108,10 @@ impl LoadingDatabase {
         if state != sys::DuckDBSuccess || con.is_null() {
             return Err("streaming_etl: could not open a connection to the database".into());
         }
-        Ok(DuckConn { con })
+        Ok(DuckConn {
+            con,
+            count_probe: ptr::null_mut(),
+        })
     }
 }
 
@@ -119,6 +122,8 @@ impl LoadingDatabase {
 /// A connection of the extension's own to the host database.
 pub struct DuckConn {
     con: sys::duckdb_connection,
+    /// `SELECT count FROM duckdb_connection_count()`, prepared once: the watcher asks often.
+    count_probe: sys::duckdb_prepared_statement,
 }
 
 // SAFETY: a DuckDB connection may be used from any thread, one at a time; `DuckConn` is only
@@ -127,8 +132,14 @@ unsafe impl Send for DuckConn {}
 
 impl Drop for DuckConn {
     fn drop(&mut self) {
-        // SAFETY: `con` came from duckdb_connect and is disconnected exactly once.
-        unsafe { sys::duckdb_disconnect(&mut self.con) };
+        // SAFETY: the statement (if any) belongs to `con` and is destroyed before it; `con`
+        // came from duckdb_connect and is disconnected exactly once.
+        unsafe {
+            if !self.count_probe.is_null() {
+                sys::duckdb_destroy_prepare(&mut self.count_probe);
+            }
+            sys::duckdb_disconnect(&mut self.con);
+        }
     }
 }
 
@@ -178,6 +189,37 @@ impl DuckConn {
                 return Ok(None);
             }
             Ok(Some(sys::duckdb_value_int64(&mut r.res, 0, 0)))
+        }
+    }
+
+    /// How many connections the database has open (its users' and the extension's own).
+    pub fn connection_count(&mut self) -> Result<i64, String> {
+        if self.count_probe.is_null() {
+            let sql = c_string("SELECT count FROM duckdb_connection_count()");
+            // SAFETY: `con` is open; the statement is stored and destroyed in Drop.
+            let state = unsafe { sys::duckdb_prepare(self.con, sql.as_ptr(), &mut self.count_probe) };
+            if state != sys::DuckDBSuccess {
+                // SAFETY: a failed prepare still returns a statement holding the error.
+                let msg = unsafe { opt_cstr(sys::duckdb_prepare_error(self.count_probe)) };
+                // SAFETY: destroyed once; reset to null so Drop skips it.
+                unsafe { sys::duckdb_destroy_prepare(&mut self.count_probe) };
+                self.count_probe = ptr::null_mut();
+                return Err(msg.unwrap_or_else(|| "cannot prepare the connection count".into()));
+            }
+        }
+        // SAFETY: zeroed is the documented initial state of an out-parameter result.
+        let mut r = QueryResult {
+            res: unsafe { std::mem::zeroed() },
+        };
+        // SAFETY: the prepared statement is valid; the result is destroyed by QueryResult.
+        unsafe {
+            if sys::duckdb_execute_prepared(self.count_probe, &mut r.res) != sys::DuckDBSuccess {
+                return Err(opt_cstr(sys::duckdb_result_error(&mut r.res)).unwrap_or_default());
+            }
+            if sys::duckdb_row_count(&mut r.res) == 0 {
+                return Err("no connection count".into());
+            }
+            Ok(sys::duckdb_value_int64(&mut r.res, 0, 0))
         }
     }
 
@@ -644,6 +686,7 @@ unsafe extern "C" fn bind_callback<T: TableFunction>(info: sys::duckdb_bind_info
         // SAFETY: `info` is valid for this callback.
         let host = unsafe { extra_host(sys::duckdb_bind_get_extra_info(info)) }
             .ok_or_else(|| crate::error::EtlError::Internal("missing extra info".into()))?;
+        host.touch();
         let bind = T::bind(&BindArgs { info }, &host)?;
         Ok(bind)
     });

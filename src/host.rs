@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{EtlError, Result};
 use crate::ffi::DuckConn;
@@ -16,14 +16,25 @@ use crate::ffi::DuckConn;
 /// Connections opened at load time; more runs at once wait for one to be free.
 pub const POOL_SIZE: usize = 4;
 
-/// How often the watcher looks at the connection count while no run is active.
-const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+/// How often the watcher looks at the connection count: often right after the extension was
+/// used (when a user is most likely to close the database and open it again), rarely once it
+/// has been idle for a while, since each look is a small query (0.2-1 ms of CPU measured here:
+/// about 12% of a core while looking every 2 ms, 2% every 50 ms, 0.4% every 250 ms).
+fn watch_interval(idle_for: Duration) -> Duration {
+    match idle_for.as_secs() {
+        0..=1 => Duration::from_millis(2),
+        2..=59 => Duration::from_millis(50),
+        _ => Duration::from_millis(250),
+    }
+}
 
 pub struct Host {
     pool: Mutex<Vec<DuckConn>>,
     freed: Condvar,
     size: usize,
     released: AtomicBool,
+    /// When the extension was last used (load, a run starting or ending).
+    last_activity: Mutex<Instant>,
     /// The database file, or None for an in-memory database.
     db_path: Option<String>,
     /// The in-memory checkpoint of an in-memory database (lives as long as the database).
@@ -70,6 +81,7 @@ impl Host {
             pool: Mutex::new(conns),
             freed: Condvar::new(),
             released: AtomicBool::new(false),
+            last_activity: Mutex::new(Instant::now()),
             db_path,
             memory_checkpoint: Mutex::new(None),
             memory_jobs: Mutex::new(HashSet::new()),
@@ -93,7 +105,8 @@ impl Host {
 
     fn watch(self: Arc<Self>) {
         loop {
-            std::thread::sleep(WATCH_INTERVAL);
+            let idle_for = lock(&self.last_activity).elapsed();
+            std::thread::sleep(watch_interval(idle_for));
             if EXITING.load(Ordering::SeqCst) {
                 return;
             }
@@ -137,6 +150,11 @@ impl Host {
         true
     }
 
+    /// Records that a user statement used the extension (the watcher looks more often after).
+    pub fn touch(&self) {
+        *lock(&self.last_activity) = Instant::now();
+    }
+
     /// Borrows a connection for one run, waiting while all are in use.
     pub fn checkout(self: &Arc<Self>) -> Result<PooledConn> {
         let mut pool = lock(&self.pool);
@@ -145,6 +163,7 @@ impl Host {
                 return Err(EtlError::Detached);
             }
             if let Some(conn) = pool.pop() {
+                *lock(&self.last_activity) = Instant::now();
                 return Ok(PooledConn {
                     host: Arc::clone(self),
                     conn: Some(conn),
@@ -203,6 +222,7 @@ impl Drop for PooledConn {
         if let Some(c) = self.conn.take() {
             // Leave no transaction open on a pooled connection (a failed cycle may have).
             let _ = c.execute("ROLLBACK");
+            *lock(&self.host.last_activity) = Instant::now();
             lock(&self.host.pool).push(c);
             self.host.freed.notify_one();
         }

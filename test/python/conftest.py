@@ -1,0 +1,41 @@
+"""Shared fixtures: the built extension, connections with it loaded, the DuckDB CLI binary."""
+import os
+import subprocess
+import sys
+
+import duckdb
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXT = os.environ.get("STREAMING_ETL_EXTENSION", os.path.join(ROOT, "build", "release", "streaming_etl.duckdb_extension"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+def connect(db=":memory:"):
+    con = duckdb.connect(str(db), config={"allow_unsigned_extensions": "true"})
+    con.execute(f"LOAD '{EXT}'")
+    return con
+
+
+def run_child(*args, env=None, timeout=120):
+    """Runs test/python/run_job.py in a separate Python (and DuckDB) process."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, os.path.join(HERE, "run_job.py"), *map(str, args)],
+                          capture_output=True, text=True, env=e, timeout=timeout)
+
+
+def cli_binary():
+    try:
+        import duckdb_cli
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(duckdb_cli.__file__), "duckdb")
+    return path if os.path.exists(path) else None
+
+
+@pytest.fixture
+def ext():
+    assert os.path.exists(EXT), f"build the extension first: {EXT}"
+    return EXT

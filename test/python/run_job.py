@@ -1,0 +1,30 @@
+"""Runs one streaming_etl job in its own process (for kill and concurrency tests).
+
+usage: run_job.py <db> <topic> <window_ms> <lateness_ms> [name=sql-value ...]
+Prints each result row as a JSON line; the last one is the run's totals.
+"""
+import json
+import os
+import sys
+
+import duckdb
+
+EXT = os.environ.get("STREAMING_ETL_EXTENSION") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "build", "release", "streaming_etl.duckdb_extension")
+
+
+def main():
+    db, topic, window, lateness, *named = sys.argv[1:]
+    con = duckdb.connect(db, config={"allow_unsigned_extensions": "true"})
+    con.execute(f"LOAD '{EXT}'")
+    args = "".join(f", {n.split('=', 1)[0]} := {n.split('=', 1)[1]}" for n in named)
+    cur = con.execute(f"SELECT * FROM streaming_etl_run('{topic}', {window}, {lateness}{args})")
+    cols = [d[0] for d in cur.description]
+    for row in cur.fetchall():
+        print(json.dumps(dict(zip(cols, row))), flush=True)
+    con.close()
+
+
+if __name__ == "__main__":
+    main()
