@@ -197,7 +197,8 @@ impl DuckConn {
         if self.count_probe.is_null() {
             let sql = c_string("SELECT count FROM duckdb_connection_count()");
             // SAFETY: `con` is open; the statement is stored and destroyed in Drop.
-            let state = unsafe { sys::duckdb_prepare(self.con, sql.as_ptr(), &mut self.count_probe) };
+            let state =
+                unsafe { sys::duckdb_prepare(self.con, sql.as_ptr(), &mut self.count_probe) };
             if state != sys::DuckDBSuccess {
                 // SAFETY: a failed prepare still returns a statement holding the error.
                 let msg = unsafe { opt_cstr(sys::duckdb_prepare_error(self.count_probe)) };

@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::error::{EtlError, Result};
@@ -48,22 +48,16 @@ pub struct Host {
 static EXIT_GATE: Mutex<()> = Mutex::new(());
 static EXITING: AtomicBool = AtomicBool::new(false);
 static AT_EXIT: Once = Once::new();
-/// Every database the extension is loaded into, for the exit handler.
-static HOSTS: Mutex<Vec<Weak<Host>>> = Mutex::new(Vec::new());
-
-/// At process exit (the CLI quitting, a script ending) the user's last connection may have
-/// closed an instant ago: release ours now, on this thread, so the database still closes
-/// cleanly (checkpointed) instead of leaving its WAL behind. Then keep watchers out for good.
+/// At process exit, keep the watchers out of DuckDB for good: exit handlers registered after
+/// ours (lazily created statics of DuckDB among them) have already run, so closing a database
+/// now could touch destroyed objects. A database whose user closed it an instant before exit is
+/// then left with its WAL, which DuckDB replays on the next open; nothing is lost.
 extern "C" fn on_exit() {
-    let _ = std::panic::catch_unwind(|| {
-        EXITING.store(true, Ordering::SeqCst);
-        let guard = EXIT_GATE.lock().unwrap_or_else(PoisonError::into_inner);
-        let hosts: Vec<Arc<Host>> = lock(&HOSTS).iter().filter_map(Weak::upgrade).collect();
-        for h in hosts {
-            h.release_if_unused();
-        }
-        std::mem::forget(guard);
-    });
+    if EXITING.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let guard = EXIT_GATE.lock().unwrap_or_else(PoisonError::into_inner);
+    std::mem::forget(guard);
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -86,8 +80,6 @@ impl Host {
             memory_checkpoint: Mutex::new(None),
             memory_jobs: Mutex::new(HashSet::new()),
         });
-        lock(&HOSTS).retain(|w| w.strong_count() > 0);
-        lock(&HOSTS).push(Arc::downgrade(&host));
         let watched = Arc::clone(&host);
         let spawned = std::thread::Builder::new()
             .name("streaming_etl-watch".into())
@@ -144,7 +136,9 @@ impl Host {
             }
         };
         // Dropping the last connections closes the database (checkpoint, file lock) here,
-        // outside the pool lock.
+        // outside the pool lock. Registering the exit handler again first makes an exit that
+        // races this close wait for it, before DuckDB's statics created since load are gone.
+        crate::ffi::at_exit(on_exit);
         drop(released);
         self.freed.notify_all();
         true

@@ -13,7 +13,8 @@ use crate::error::{EtlError, Result};
 use crate::host::{Host, PooledConn};
 use crate::params::{RunConfig, SourceSpec, TableName, Tables};
 use crate::pipeline::{
-    read_cycle, reported_watermark, CycleLimits, Engine, PartitionProgress, Stop,
+    read_cycle, reported_watermark, CycleLimits, Engine, PartitionProgress, Restored, Stop,
+    TimeSpec,
 };
 use crate::sink;
 use crate::source::file::FileSource;
@@ -221,17 +222,18 @@ impl Run {
             cfg.time_field.clone(),
             cfg.value_field.clone(),
         );
-        let engine = Engine::new(
-            cfg.window_ms,
-            cfg.lateness_ms,
-            cfg.idle_timeout_ms,
-            decoder,
-            stored.watermark_ms,
-            &progress,
-            open_windows,
-            now,
-        );
         let exhausted = vec![false; progress.len()];
+        let spec = TimeSpec {
+            window_ms: cfg.window_ms,
+            lateness_ms: cfg.lateness_ms,
+            idle_timeout_ms: cfg.idle_timeout_ms,
+        };
+        let restored = Restored {
+            floor_ms: stored.watermark_ms,
+            partitions: progress,
+            open_windows,
+        };
+        let engine = Engine::new(spec, decoder, restored, now);
         Ok(Run {
             run_deadline: cfg
                 .max_runtime_ms

@@ -41,6 +41,22 @@ pub struct Engine {
     now_ms: i64,
 }
 
+/// The event-time settings of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeSpec {
+    pub window_ms: i64,
+    pub lateness_ms: i64,
+    pub idle_timeout_ms: Option<i64>,
+}
+
+/// Where a job left off: the watermark floor, each partition's progress, the open windows.
+#[derive(Debug, Default)]
+pub struct Restored {
+    pub floor_ms: i64,
+    pub partitions: Vec<PartitionProgress>,
+    pub open_windows: Vec<(i64, Box<str>, Aggregate)>,
+}
+
 /// A partition's position as the engine starts or checkpoints it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionProgress {
@@ -50,28 +66,20 @@ pub struct PartitionProgress {
 }
 
 impl Engine {
-    pub fn new(
-        window_ms: i64,
-        lateness_ms: i64,
-        idle_timeout_ms: Option<i64>,
-        decoder: Decoder,
-        floor_ms: i64,
-        partitions: &[PartitionProgress],
-        open_windows: Vec<(i64, Box<str>, Aggregate)>,
-        now_ms: i64,
-    ) -> Engine {
-        let mut windows = WindowStore::new(window_ms);
-        for (start, key, agg) in open_windows {
+    pub fn new(spec: TimeSpec, decoder: Decoder, restored: Restored, now_ms: i64) -> Engine {
+        let mut windows = WindowStore::new(spec.window_ms);
+        for (start, key, agg) in restored.open_windows {
             windows.insert(start, key, agg);
         }
+        let partitions = &restored.partitions;
         Engine {
-            window_ms,
+            window_ms: spec.window_ms,
             decoder,
             windows,
             marks: Watermarks::new(
-                lateness_ms,
-                idle_timeout_ms,
-                floor_ms,
+                spec.lateness_ms,
+                spec.idle_timeout_ms,
+                restored.floor_ms,
                 partitions.iter().map(|p| p.clock).collect(),
             ),
             partitions: partitions.iter().map(|p| p.partition).collect(),
@@ -356,16 +364,17 @@ mod tests {
                 clock: PartitionClock::new(None, 0),
             })
             .collect();
-        Engine::new(
-            window,
-            lateness,
-            None,
-            decoder(),
-            NO_WATERMARK,
-            &progress,
-            vec![],
-            0,
-        )
+        let spec = TimeSpec {
+            window_ms: window,
+            lateness_ms: lateness,
+            idle_timeout_ms: None,
+        };
+        let restored = Restored {
+            floor_ms: NO_WATERMARK,
+            partitions: progress,
+            open_windows: vec![],
+        };
+        Engine::new(spec, decoder(), restored, 0)
     }
 
     fn limits(max: u64) -> CycleLimits {
@@ -377,14 +386,13 @@ mod tests {
         }
     }
 
+    /// (window start, key, count, sum) of every window emitted.
+    type Windows = Vec<(i64, String, i64, Option<f64>)>;
+
     /// Runs to the end, optionally stopping every `stop_every` messages and resuming from the
     /// engine's own progress (as a new run from a checkpoint would); returns sorted windows,
     /// late (partition, offset) pairs and the dead count.
-    fn run(
-        data: &[Vec<String>],
-        stop_every: u64,
-        flush: bool,
-    ) -> (Vec<(i64, String, i64, Option<f64>)>, Vec<(i32, i64)>, u64) {
+    fn run(data: &[Vec<String>], stop_every: u64, flush: bool) -> (Windows, Vec<(i32, i64)>, u64) {
         let mut eng = engine(data.len(), 1000, 200);
         let mut windows = Vec::new();
         let mut late = Vec::new();
@@ -427,7 +435,21 @@ mod tests {
                 .collect();
             let progress = eng.progress();
             let floor = eng.watermark_ms();
-            eng = Engine::new(1000, 200, None, decoder(), floor, &progress, open, 0);
+            let spec = TimeSpec {
+                window_ms: 1000,
+                lateness_ms: 200,
+                idle_timeout_ms: None,
+            };
+            eng = Engine::new(
+                spec,
+                decoder(),
+                Restored {
+                    floor_ms: floor,
+                    partitions: progress,
+                    open_windows: open,
+                },
+                0,
+            );
         }
         windows.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         late.sort();

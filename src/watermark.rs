@@ -236,7 +236,12 @@ mod tests {
     fn partitions_going_idle_one_after_another_let_the_watermark_move_in_between() {
         // Partition 1 never delivered (seen at 0); partition 0 delivered at 10. Looking only at
         // 1_000, both are idle, but partition 1 went quiet first.
-        let mut w = Watermarks::new(0, Some(100), NO_WATERMARK, vec![PartitionClock::new(None, 0); 2]);
+        let mut w = Watermarks::new(
+            0,
+            Some(100),
+            NO_WATERMARK,
+            vec![PartitionClock::new(None, 0); 2],
+        );
         w.delivered(0, 10);
         w.observe(0, 5_000);
         assert!(w.refresh_idle(1_000));
