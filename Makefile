@@ -13,7 +13,7 @@ DUCKDB_PY  ?= 2.0.1
 DUCKDB_OLD ?= 1.5.6
 DUCKDB_CLI ?= 1.5.6
 
-.PHONY: all release debug venv test unit sqltest pytest demo bench reliability clean fmt lint
+.PHONY: all release debug tools venv test unit sqltest pytest demo demo-kafka bench reliability clean fmt lint
 
 all: release
 
@@ -27,13 +27,17 @@ debug:
 	@mkdir -p build/debug
 	python3 scripts/append_footer.py target/debug/lib$(EXT).so build/debug/$(EXT).duckdb_extension $(PLATFORM) $(VERSION)
 
+# The test broker (librdkafka's mock cluster with fault injection).
+tools:
+	$(CARGO) build --release -p mock-kafka
+
 # A local virtualenv with the DuckDB hosts: the Python package (current and previous
 # release) and the CLI.
 venv: $(VENV)/.ready
 
 $(VENV)/.ready:
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q "duckdb==$(DUCKDB_PY)" "duckdb-cli==$(DUCKDB_CLI)" pytest
+	$(PY) -m pip install -q "duckdb==$(DUCKDB_PY)" "duckdb-cli==$(DUCKDB_CLI)" pytest confluent-kafka
 	python3 -m venv $(VENV)/old
 	$(VENV)/old/bin/python -m pip install -q "duckdb==$(DUCKDB_OLD)" pytest
 	touch $@
@@ -46,13 +50,16 @@ sqltest: release venv
 	$(VENV)/old/bin/python test/sqllogictest.py build/release/$(EXT).duckdb_extension test/sql
 	$(PY) test/sqllogictest.py --cli build/release/$(EXT).duckdb_extension test/sql
 
-pytest: release venv
+pytest: release tools venv
 	$(PY) -m pytest -q test/python
 
 test: unit sqltest pytest
 
 demo: release venv
 	$(PY) scripts/demo.py
+
+demo-kafka: release tools venv
+	$(PY) scripts/demo_kafka.py
 
 bench: release venv
 	$(PY) scripts/bench.py

@@ -6,7 +6,7 @@
 //! same process spinning in DuckDB's instance cache.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -31,7 +31,8 @@ fn watch_interval(idle_for: Duration) -> Duration {
 pub struct Host {
     pool: Mutex<Vec<DuckConn>>,
     freed: Condvar,
-    size: usize,
+    /// Connections the extension holds (the pool may shrink to one, see release_if_unused).
+    size: AtomicUsize,
     released: AtomicBool,
     /// When the extension was last used (load, a run starting or ending).
     last_activity: Mutex<Instant>,
@@ -71,7 +72,7 @@ impl Host {
     pub fn start(conns: Vec<DuckConn>, db_path: Option<String>) -> Arc<Host> {
         AT_EXIT.call_once(|| crate::ffi::at_exit(on_exit));
         let host = Arc::new(Host {
-            size: conns.len(),
+            size: AtomicUsize::new(conns.len()),
             pool: Mutex::new(conns),
             freed: Condvar::new(),
             released: AtomicBool::new(false),
@@ -114,32 +115,40 @@ impl Host {
 
     /// Closes the extension's connections if nothing else uses the database any more: no run
     /// in progress and no user connection left. Returns whether they are released.
+    ///
+    /// A user may reconnect while this runs (in Python, to the very same database, as long as
+    /// any connection keeps it open), so all but one connection are closed first and the count
+    /// is looked at again right before the last one goes; a user who came back finds the
+    /// extension working, with one connection.
     fn release_if_unused(&self) -> bool {
         if self.released.load(Ordering::SeqCst) {
             return true;
         }
-        let released = {
-            let mut pool = lock(&self.pool);
-            // A run in progress means a user connection is running it.
-            if pool.len() < self.size {
-                return false;
-            }
-            let Some(first) = pool.first() else {
-                return true;
-            };
-            match first.query_i64("SELECT count FROM duckdb_connection_count()") {
-                Ok(Some(n)) if n <= self.size as i64 => {
-                    self.released.store(true, Ordering::SeqCst);
-                    std::mem::take(&mut *pool)
-                }
-                _ => return false,
-            }
+        let mut pool = lock(&self.pool);
+        let size = self.size.load(Ordering::SeqCst);
+        // A run in progress means a user connection is running it.
+        if pool.len() < size || pool.is_empty() {
+            return false;
+        }
+        if !matches!(pool[0].connection_count(), Ok(n) if n <= size as i64) {
+            return false;
+        }
+        let Some(mut last) = pool.pop() else {
+            return false;
         };
-        // Dropping the last connections closes the database (checkpoint, file lock) here,
+        drop(std::mem::take(&mut *pool));
+        self.size.store(1, Ordering::SeqCst);
+        if !matches!(last.connection_count(), Ok(1)) {
+            pool.push(last);
+            return false;
+        }
+        self.released.store(true, Ordering::SeqCst);
+        drop(pool);
+        // Dropping the last connection closes the database (checkpoint, file lock) here,
         // outside the pool lock. Registering the exit handler again first makes an exit that
         // races this close wait for it, before DuckDB's statics created since load are gone.
         crate::ffi::at_exit(on_exit);
-        drop(released);
+        drop(last);
         self.freed.notify_all();
         true
     }

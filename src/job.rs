@@ -18,6 +18,7 @@ use crate::pipeline::{
 };
 use crate::sink;
 use crate::source::file::FileSource;
+use crate::source::kafka::KafkaSource;
 use crate::source::Source;
 use crate::state::{decode_windows, encode_windows, Batch, JobSettings, PartitionState};
 use crate::watermark::PartitionClock;
@@ -179,19 +180,18 @@ impl Run {
             .iter()
             .map(|p| (p.partition, p.next_offset))
             .collect();
-        let source: Box<dyn Source> = match &cfg.source {
-            SourceSpec::Files { pattern } => Box::new(FileSource::open(
-                &cfg.topic,
-                pattern,
-                &known,
-                &offsets,
-                cfg.partitions.as_deref(),
-            )?),
-            SourceSpec::Kafka { .. } => {
-                return Err(EtlError::source(
-                    &cfg.topic,
-                    "Kafka topics are not supported by this build yet; use file:<glob>",
-                ))
+        let only = cfg.partitions.as_deref();
+        let (source, gaps): (Box<dyn Source>, Vec<(usize, i64, i64)>) = match &cfg.source {
+            SourceSpec::Files { pattern } => (
+                Box::new(FileSource::open(
+                    &cfg.topic, pattern, &known, &offsets, only,
+                )?),
+                Vec::new(),
+            ),
+            SourceSpec::Kafka { topic } => {
+                let k = KafkaSource::open(&cfg.topic, topic, &cfg.kafka, &offsets, only)?;
+                let gaps = k.gaps().to_vec();
+                (Box::new(k), gaps)
             }
         };
 
@@ -233,7 +233,10 @@ impl Run {
             partitions: progress,
             open_windows,
         };
-        let engine = Engine::new(spec, decoder, restored, now);
+        let mut engine = Engine::new(spec, decoder, restored, now);
+        for (idx, from, to) in gaps {
+            engine.record_gap(idx, from, to);
+        }
         Ok(Run {
             run_deadline: cfg
                 .max_runtime_ms

@@ -10,6 +10,8 @@ use crate::state::JobSettings;
 pub const SETTING_BROKERS: &str = "streaming_etl_brokers";
 pub const SETTING_CHECKPOINT: &str = "streaming_etl_checkpoint";
 pub const DEFAULT_BROKERS: &str = "localhost:9092";
+/// Bound on reaching the brokers and on waiting for a partition, so a run never hangs.
+pub const DEFAULT_KAFKA_TIMEOUT_MS: i64 = 15_000;
 
 /// Named parameters of `streaming_etl_run`.
 pub const RUN_NAMED: &[(&str, ColType)] = &[
@@ -373,7 +375,8 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunConfig> {
         args.named("checkpoint_interval_ms"),
     )?
     .unwrap_or(1000);
-    let timeout_ms = opt_positive("timeout_ms", args.named("timeout_ms"))?.unwrap_or(30_000);
+    let timeout_ms =
+        opt_positive("timeout_ms", args.named("timeout_ms"))?.unwrap_or(DEFAULT_KAFKA_TIMEOUT_MS);
 
     let flush = match optional(args.named("flush")) {
         None => false,

@@ -194,6 +194,22 @@ impl Engine {
         }
     }
 
+    /// Records offsets the source can no longer deliver (deleted by retention before the job
+    /// read them), so that they are visible as a dead letter instead of silently skipped.
+    pub fn record_gap(&mut self, idx: usize, from: i64, to: i64) {
+        self.counters.dead_letters += 1;
+        self.out.dead.push(DeadRow {
+            partition: self.partitions[idx],
+            offset: from,
+            ingest_time_ms: self.now_ms,
+            raw: Vec::new(),
+            error: format!(
+                "messages at offsets {from} to {} were deleted by the broker (retention) before this job read them",
+                to - 1
+            ),
+        });
+    }
+
     fn dead(&mut self, partition: i32, msg: &Message<'_>, e: DecodeError) {
         self.counters.dead_letters += 1;
         self.out.dead.push(DeadRow {

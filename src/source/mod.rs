@@ -2,6 +2,7 @@
 //! delivers bytes; decoding, watermarks and windows happen in the pipeline.
 
 pub mod file;
+pub mod kafka;
 
 use crate::error::Result;
 

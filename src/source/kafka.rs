@@ -1,0 +1,395 @@
+//! The Kafka source: a topic's partitions, assigned explicitly (no group rebalancing) and read
+//! from the checkpoint's offsets, each through its own librdkafka queue so the pipeline can
+//! take the next message from whichever partition it wants without copying. A run reads each
+//! partition up to the end offset it saw when it started. After each checkpoint the same
+//! offsets are committed to the consumer group, for lag tools; the checkpoint stays the truth.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message as _;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use crate::error::{EtlError, Result};
+use crate::params::KafkaParams;
+use crate::source::{Message, Pull, Source, SourcePartition};
+
+/// Keeps librdkafka's last error, so a timeout can say what went wrong (refused connection,
+/// failed authentication, ...), and keeps its logs out of the user's terminal.
+#[derive(Default)]
+pub struct Context {
+    last_error: Mutex<Option<String>>,
+}
+
+impl Context {
+    fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl ClientContext for Context {
+    fn log(&self, _level: rdkafka::config::RDKafkaLogLevel, _fac: &str, _log_message: &str) {}
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(format!("{error} ({reason})"));
+    }
+}
+
+impl ConsumerContext for Context {}
+
+type Queue = rdkafka::consumer::base_consumer::PartitionQueue<Context>;
+
+/// The open consumer; dropped on a thread of its own (see `Drop for KafkaSource`).
+struct Reader {
+    topic: String,
+    source_name: String,
+    brokers: String,
+    consumer: Arc<BaseConsumer<Context>>,
+    queues: Vec<Queue>,
+    parts: Vec<SourcePartition>,
+    /// The high watermark each partition had when the run started.
+    ends: Vec<i64>,
+    next: Vec<i64>,
+    done: Vec<bool>,
+    timeout: Duration,
+    /// The last offsets sent to the consumer group.
+    last_commit: Option<TopicPartitionList>,
+}
+
+fn kafka_error(e: &KafkaError) -> String {
+    e.to_string()
+}
+
+pub struct KafkaSource {
+    reader: Option<Reader>,
+    parts: Vec<SourcePartition>,
+    gaps: Vec<(usize, i64, i64)>,
+}
+
+impl KafkaSource {
+    /// Connects, checks the topic, and assigns its partitions (or `only` those) at the
+    /// checkpointed offsets (`offsets`; earliest for partitions the job has not read).
+    pub fn open(
+        source_name: &str,
+        topic: &str,
+        params: &KafkaParams,
+        offsets: &HashMap<i32, i64>,
+        only: Option<&[i32]>,
+    ) -> Result<KafkaSource> {
+        let err = |m: String| EtlError::source(source_name, m);
+        let timeout = Duration::from_millis(params.timeout_ms as u64);
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &params.brokers)
+            .set("group.id", &params.group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "earliest")
+            .set(
+                "socket.timeout.ms",
+                params.timeout_ms.clamp(10, 300_000).to_string(),
+            )
+            .set("client.id", "streaming_etl");
+        for (k, v) in &params.properties {
+            config.set(k, v);
+        }
+        let consumer: BaseConsumer<Context> = config
+            .create_with_context(Context::default())
+            .map_err(|e| err(format!("invalid Kafka configuration: {}", kafka_error(&e))))?;
+        let consumer = Arc::new(consumer);
+        let unreachable = |e: KafkaError, c: &Context| {
+            let detail = c.last_error().unwrap_or_else(|| kafka_error(&e));
+            err(format!(
+                "cannot reach Kafka brokers '{}' within {} ms: {detail}",
+                params.brokers, params.timeout_ms
+            ))
+        };
+        let metadata = consumer
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| unreachable(e, consumer.context()))?;
+        let Some(meta) = metadata.topics().iter().find(|t| t.name() == topic) else {
+            return Err(err(format!(
+                "topic '{topic}' does not exist on '{}'",
+                params.brokers
+            )));
+        };
+        if let Some(e) = meta.error() {
+            let code = RDKafkaErrorCode::from(e);
+            return Err(err(match code {
+                RDKafkaErrorCode::UnknownTopicOrPartition => {
+                    format!("topic '{topic}' does not exist on '{}'", params.brokers)
+                }
+                other => format!("topic '{topic}' on '{}': {other}", params.brokers),
+            }));
+        }
+        let mut ids: Vec<i32> = meta.partitions().iter().map(|p| p.id()).collect();
+        ids.sort_unstable();
+        if ids.is_empty() {
+            return Err(err(format!("topic '{topic}' has no partitions")));
+        }
+        if let Some(only) = only {
+            let missing: Vec<i32> = only.iter().copied().filter(|p| !ids.contains(p)).collect();
+            if !missing.is_empty() {
+                return Err(err(format!(
+                    "partitions {missing:?} do not exist: topic '{topic}' has partitions 0..{}",
+                    ids.len()
+                )));
+            }
+            ids.retain(|p| only.contains(p));
+        }
+
+        let mut parts = Vec::with_capacity(ids.len());
+        let mut ends = Vec::with_capacity(ids.len());
+        let mut gaps = Vec::new();
+        let mut assignment = TopicPartitionList::new();
+        for (idx, &p) in ids.iter().enumerate() {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, p, timeout)
+                .map_err(|e| unreachable(e, consumer.context()))?;
+            let start = match offsets.get(&p) {
+                Some(&next) if next < low => {
+                    gaps.push((idx, next, low));
+                    low
+                }
+                Some(&next) => next,
+                None => low,
+            };
+            assignment
+                .add_partition_offset(topic, p, Offset::Offset(start))
+                .map_err(|e| err(kafka_error(&e)))?;
+            parts.push(SourcePartition {
+                partition: p,
+                name: String::new(),
+                start_offset: start,
+            });
+            ends.push(high);
+        }
+        // Each partition gets its own queue before fetching starts, so no message lands in
+        // the consumer's main queue.
+        let mut queues = Vec::with_capacity(ids.len());
+        for &p in &ids {
+            queues.push(
+                consumer
+                    .split_partition_queue(topic, p)
+                    .ok_or_else(|| err(format!("cannot open a queue for partition {p}")))?,
+            );
+        }
+        consumer
+            .assign(&assignment)
+            .map_err(|e| err(kafka_error(&e)))?;
+        let next = parts.iter().map(|p| p.start_offset).collect();
+        let done = parts
+            .iter()
+            .zip(&ends)
+            .map(|(p, &e)| p.start_offset >= e)
+            .collect();
+        Ok(KafkaSource {
+            gaps,
+            parts: parts.clone(),
+            reader: Some(Reader {
+                topic: topic.to_string(),
+                source_name: source_name.to_string(),
+                brokers: params.brokers.clone(),
+                consumer,
+                queues,
+                parts,
+                ends,
+                next,
+                done,
+                timeout,
+                last_commit: None,
+            }),
+        })
+    }
+
+    /// Offset ranges deleted by the broker before this job read them.
+    pub fn gaps(&self) -> &[(usize, i64, i64)] {
+        &self.gaps
+    }
+
+    fn reader(&mut self) -> Result<&mut Reader> {
+        self.reader
+            .as_mut()
+            .ok_or_else(|| EtlError::Internal("Kafka consumer already closed".into()))
+    }
+}
+
+impl Reader {
+    fn stalled(&self, idx: usize) -> EtlError {
+        let detail = self
+            .consumer
+            .context()
+            .last_error()
+            .map(|e| format!("; last broker error: {e}"))
+            .unwrap_or_default();
+        EtlError::source(
+            &self.source_name,
+            format!(
+                "no message from partition {} of '{}' on '{}' for {} ms, though it has messages up to offset {} (next is {}){detail}",
+                self.parts[idx].partition,
+                self.topic,
+                self.brokers,
+                self.timeout.as_millis(),
+                self.ends[idx],
+                self.next[idx]
+            ),
+        )
+    }
+}
+
+impl Reader {
+    fn pull(&mut self, idx: usize, each: &mut dyn FnMut(&Message<'_>) -> bool) -> Result<Pull> {
+        let mut waiting_since: Option<Instant> = None;
+        loop {
+            if self.done[idx] {
+                return Ok(Pull::Exhausted);
+            }
+            let mut polled = self.queues[idx].poll(Duration::ZERO);
+            if polled.is_none() {
+                // Nothing fetched yet: serve librdkafka's callbacks (errors go to the context)
+                // and wait a little, up to the timeout overall.
+                let since = *waiting_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= self.timeout {
+                    return Err(self.stalled(idx));
+                }
+                if let Some(Err(e)) = self.consumer.poll(Duration::ZERO) {
+                    *self
+                        .consumer
+                        .context()
+                        .last_error
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = Some(kafka_error(&e));
+                }
+                polled = self.queues[idx].poll(Duration::from_millis(50));
+            }
+            match polled {
+                Some(Ok(m)) => {
+                    waiting_since = None;
+                    let offset = m.offset();
+                    self.next[idx] = offset + 1;
+                    if self.next[idx] >= self.ends[idx] {
+                        self.done[idx] = true;
+                    }
+                    let msg = Message {
+                        offset,
+                        next_offset: offset + 1,
+                        payload: m.payload().unwrap_or(&[]),
+                        key: m.key(),
+                    };
+                    if !each(&msg) {
+                        return Ok(if self.done[idx] {
+                            Pull::Exhausted
+                        } else {
+                            Pull::Paused
+                        });
+                    }
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => {
+                    // The end of what the broker has (past control records or compacted gaps).
+                    self.done[idx] = true;
+                }
+                Some(Err(e)) => {
+                    return Err(EtlError::source(
+                        &self.source_name,
+                        format!(
+                            "partition {}: {}",
+                            self.parts[idx].partition,
+                            kafka_error(&e)
+                        ),
+                    ))
+                }
+                None => {}
+            }
+        }
+    }
+
+    fn checkpointed(&mut self, next_offsets: &[(i32, i64)]) -> Result<()> {
+        let mut tpl = TopicPartitionList::new();
+        for &(p, next) in next_offsets {
+            if tpl
+                .add_partition_offset(&self.topic, p, Offset::Offset(next))
+                .is_err()
+            {
+                return Ok(());
+            }
+        }
+        // Informational: the checkpoint is what the job resumes from, so the group commit is
+        // asynchronous (a coordinator that is down must not block the run) and a failed one
+        // does not fail the run.
+        let _ = self.consumer.poll(Duration::ZERO);
+        if self.consumer.commit(&tpl, CommitMode::Async).is_ok() {
+            self.last_commit = Some(tpl);
+        }
+        Ok(())
+    }
+}
+
+impl Source for KafkaSource {
+    fn partitions(&self) -> &[SourcePartition] {
+        &self.parts
+    }
+
+    fn pull(&mut self, idx: usize, each: &mut dyn FnMut(&Message<'_>) -> bool) -> Result<Pull> {
+        self.reader()?.pull(idx, each)
+    }
+
+    fn end_offset(&self, idx: usize) -> Option<i64> {
+        self.reader.as_ref().and_then(|r| r.ends.get(idx).copied())
+    }
+
+    fn checkpointed(&mut self, next_offsets: &[(i32, i64)]) -> Result<()> {
+        self.reader()?.checkpointed(next_offsets)
+    }
+}
+
+impl Drop for KafkaSource {
+    fn drop(&mut self) {
+        let Some(mut reader) = self.reader.take() else {
+            return;
+        };
+        reader.wait_for_last_commit();
+        // Closing a consumer that belongs to a group waits for the group coordinator, up to
+        // ~45 s when the broker is gone: do it on a thread of its own so the statement ends now.
+        let closing = std::thread::Builder::new()
+            .name("streaming_etl-kafka-close".into())
+            .spawn(move || drop(reader));
+        if let Err(e) = closing {
+            // No thread: close here rather than leak the consumer.
+            drop(e);
+        }
+    }
+}
+
+impl Reader {
+    /// Waits (bounded: the broker may be gone) until the group shows the last commit, so lag
+    /// tools see the final offsets once the run is over.
+    fn wait_for_last_commit(&mut self) {
+        let Some(last) = self.last_commit.take() else {
+            return;
+        };
+        let deadline = Instant::now() + self.timeout.min(Duration::from_secs(5));
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            match self.consumer.committed_offsets(last.clone(), left) {
+                Ok(got) if got.to_topic_map() == last.to_topic_map() => return,
+                Ok(_) => std::thread::sleep(Duration::from_millis(5)),
+                Err(_) => return,
+            }
+        }
+    }
+}
