@@ -48,7 +48,6 @@ unit:
 sqltest: release venv
 	$(PY) test/sqllogictest.py build/release/$(EXT).duckdb_extension test/sql
 	$(VENV)/old/bin/python test/sqllogictest.py build/release/$(EXT).duckdb_extension test/sql
-	$(PY) test/sqllogictest.py --cli build/release/$(EXT).duckdb_extension test/sql
 
 pytest: release tools venv
 	$(PY) -m pytest -q test/python

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::checkpoint::{lock_job, Checkpoint, CycleCommit, JobLock, Pending};
+use crate::checkpoint::{lock_job, Checkpoint, CycleCommit, JobLock, Pending, StoredJob};
 use crate::decode::Decoder;
 use crate::error::{EtlError, Result};
 use crate::host::{Host, PooledConn};
@@ -144,20 +144,22 @@ impl Run {
         let conn = host.checkout()?;
         let now = wall_ms();
         let wanted = cfg.settings();
-        let stored = match checkpoint.load_job(&cfg.job)? {
-            Some(s) => {
-                if let Some(e) = settings_mismatch(&cfg.job, &s.settings, &wanted) {
-                    return Err(e);
-                }
-                s
+        let existing = checkpoint.load_job(&cfg.job)?;
+        if let Some(s) = &existing {
+            if let Some(e) = settings_mismatch(&cfg.job, &s.settings, &wanted) {
+                return Err(e);
             }
-            None => {
-                checkpoint.create_job(&cfg.job, &wanted, now)?;
-                checkpoint
-                    .load_job(&cfg.job)?
-                    .ok_or_else(|| EtlError::Internal("job vanished from the checkpoint".into()))?
-            }
-        };
+        }
+        let is_new = existing.is_none();
+        // A new job is only written to the checkpoint once its source has opened, so a run that
+        // fails at once (no such topic, unreachable broker) leaves nothing behind.
+        let stored = existing.unwrap_or(StoredJob {
+            settings: wanted.clone(),
+            watermark_ms: crate::watermark::NO_WATERMARK,
+            open_windows: None,
+            next_seq: 1,
+            partitions: Vec::new(),
+        });
 
         sink::ensure_tables(conn.conn()?, &cfg.tables)?;
         // Output a killed run committed to the checkpoint but may not have written to DuckDB.
@@ -194,6 +196,10 @@ impl Run {
                 (Box::new(k), gaps)
             }
         };
+
+        if is_new {
+            checkpoint.create_job(&cfg.job, &wanted, now)?;
+        }
 
         let by_partition: HashMap<i32, &PartitionState> =
             stored.partitions.iter().map(|p| (p.partition, p)).collect();
