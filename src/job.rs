@@ -183,18 +183,13 @@ impl Run {
             .map(|p| (p.partition, p.next_offset))
             .collect();
         let only = cfg.partitions.as_deref();
-        let (source, gaps): (Box<dyn Source>, Vec<(usize, i64, i64)>) = match &cfg.source {
-            SourceSpec::Files { pattern } => (
-                Box::new(FileSource::open(
-                    &cfg.topic, pattern, &known, &offsets, only,
-                )?),
-                Vec::new(),
-            ),
-            SourceSpec::Kafka { topic } => {
-                let k = KafkaSource::open(&cfg.topic, topic, &cfg.kafka, &offsets, only)?;
-                let gaps = k.gaps().to_vec();
-                (Box::new(k), gaps)
-            }
+        let source: Box<dyn Source> = match &cfg.source {
+            SourceSpec::Files { pattern } => Box::new(FileSource::open(
+                &cfg.topic, pattern, &known, &offsets, only,
+            )?),
+            SourceSpec::Kafka { topic } => Box::new(KafkaSource::open(
+                &cfg.topic, topic, &cfg.kafka, &offsets, only,
+            )?),
         };
 
         if is_new {
@@ -240,8 +235,8 @@ impl Run {
             open_windows,
         };
         let mut engine = Engine::new(spec, decoder, restored, now);
-        for (idx, from, to) in gaps {
-            engine.record_gap(idx, from, to);
+        for gap in source.gaps() {
+            engine.record_gap(gap.idx, gap.from, gap.to);
         }
         Ok(Run {
             run_deadline: cfg

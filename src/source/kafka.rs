@@ -17,7 +17,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::error::{EtlError, Result};
 use crate::params::KafkaParams;
-use crate::source::{Message, Pull, Source, SourcePartition};
+use crate::source::{Gap, Message, Pull, Source, SourcePartition};
 
 /// Keeps librdkafka's last error, so a timeout can say what went wrong (refused connection,
 /// failed authentication, ...), and keeps its logs out of the user's terminal.
@@ -74,7 +74,7 @@ fn kafka_error(e: &KafkaError) -> String {
 pub struct KafkaSource {
     reader: Option<Reader>,
     parts: Vec<SourcePartition>,
-    gaps: Vec<(usize, i64, i64)>,
+    gaps: Vec<Gap>,
 }
 
 impl KafkaSource {
@@ -160,7 +160,11 @@ impl KafkaSource {
                 .map_err(|e| unreachable(e, consumer.context()))?;
             let start = match offsets.get(&p) {
                 Some(&next) if next < low => {
-                    gaps.push((idx, next, low));
+                    gaps.push(Gap {
+                        idx,
+                        from: next,
+                        to: low,
+                    });
                     low
                 }
                 Some(&next) => next,
@@ -212,11 +216,6 @@ impl KafkaSource {
                 last_commit: None,
             }),
         })
-    }
-
-    /// Offset ranges deleted by the broker before this job read them.
-    pub fn gaps(&self) -> &[(usize, i64, i64)] {
-        &self.gaps
     }
 
     fn reader(&mut self) -> Result<&mut Reader> {
@@ -347,6 +346,10 @@ impl Source for KafkaSource {
 
     fn end_offset(&self, idx: usize) -> Option<i64> {
         self.reader.as_ref().and_then(|r| r.ends.get(idx).copied())
+    }
+
+    fn gaps(&self) -> &[Gap] {
+        &self.gaps
     }
 
     fn checkpointed(&mut self, next_offsets: &[(i32, i64)]) -> Result<()> {

@@ -35,6 +35,17 @@ pub struct SourcePartition {
     pub start_offset: i64,
 }
 
+/// Offsets a source can no longer deliver: the broker deleted them (retention) before the job
+/// read them. Reported as a dead letter, never skipped silently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gap {
+    /// Index into `partitions()`.
+    pub idx: usize,
+    pub from: i64,
+    /// Exclusive.
+    pub to: i64,
+}
+
 pub trait Source: Send {
     /// The partitions this run reads, in partition order.
     fn partitions(&self) -> &[SourcePartition];
@@ -45,6 +56,11 @@ pub trait Source: Send {
 
     /// The end offset the source knows for the partition at `idx` (for lag), if any.
     fn end_offset(&self, idx: usize) -> Option<i64>;
+
+    /// Offsets that were skipped when the source opened (see [`Gap`]).
+    fn gaps(&self) -> &[Gap] {
+        &[]
+    }
 
     /// Called once a checkpoint holding these next offsets is durable (Kafka commits them to
     /// the consumer group so that lag tools see the progress).

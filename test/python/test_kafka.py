@@ -299,3 +299,20 @@ def test_partitions_the_job_has_not_seen_are_read_from_the_start(mock):
     assert (second[1], second[9]) == (20, 4)
     assert con.execute("SELECT key, count FROM windows ORDER BY 1").fetchall() == [("p0", 10), ("p1", 10), ("p2", 10), ("p3", 10)]
     assert con.execute("SELECT partition, next_offset FROM streaming_etl_checkpoint() ORDER BY 1").fetchall() == [(0, 10), (1, 10), (2, 10), (3, 10)]
+
+
+def test_messages_deleted_by_retention_before_they_were_read_are_a_dead_letter(mock):
+    # The mock broker keeps 5 MiB per partition and drops older data, like retention would.
+    topic = topic_name()
+    mock.create_topic(topic, 1)
+    produce(mock.bootstrap, topic, [[json.dumps({"key": "a", "event_time_ms": 1000 + i}) for i in range(100)]])
+    con = connect()
+    assert run(con, topic, mock.bootstrap, "max_messages := 10")[-1][1] == 10
+    pad = "x" * 200
+    produce(mock.bootstrap, topic, [[json.dumps({"key": "a", "event_time_ms": 2000 + i, "pad": pad}) for i in range(40000)]])
+    rows = run(con, topic, mock.bootstrap)[-1]
+    (offset, error), = con.execute('SELECT "offset", error FROM dead_letters').fetchall()
+    first_kept = int(error.split(" to ")[1].split(" ")[0]) + 1
+    assert offset == 10 and error.endswith("were deleted by the broker (retention) before this job read them")
+    assert rows[4] == 1 and rows[1] == 40100 - first_kept
+    assert con.execute("SELECT next_offset FROM streaming_etl_checkpoint()").fetchone()[0] == 40100
