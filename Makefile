@@ -60,7 +60,7 @@ demo: release venv
 demo-kafka: release tools venv
 	$(PY) scripts/demo_kafka.py
 
-bench: release venv
+bench: release tools venv
 	$(PY) scripts/bench.py
 
 fmt:

@@ -2,7 +2,8 @@
 -- to partition i % ${partitions}; event time = ${base_ms} + i; about ${late_pct}% of the events are
 -- shifted 2-5 windows of ${window_ms} ms back (late); about ${bad_permille} per mille of the
 -- lines are malformed; partition ${skew_partition} runs ${skew_ms} ms behind in event time;
--- key k{i % ${keys}}; value uniform 0-100. Placeholders are filled in by scripts (Python string.Template),
+-- key k{i % ${keys}}; value uniform 0-100. Injected late events carry "late":1 (benchmarks count
+-- false-late events with it). Placeholders are filled in by scripts (Python string.Template),
 -- run once per partition (p = ${p}).
 COPY (
   SELECT CASE
@@ -10,10 +11,11 @@ COPY (
            ELSE '{"key":"k' || (i % ${keys}) || '","event_time_ms":' ||
                 (${base_ms} + i
                    - CASE WHEN ${p} = ${skew_partition} THEN ${skew_ms} ELSE 0 END
-                   - CASE WHEN hash(i, ${seed}, 'late') % 10000 < ${late_pct} * 100
-                          THEN ${window_ms} * (2 + hash(i, ${seed}, 'shift') % 4) ELSE 0 END) ||
-                ',"payload":{"value":' || round((hash(i, ${seed}, 'value') % 10001) / 100.0, 2) || '}}'
+                   - CASE WHEN late THEN ${window_ms} * (2 + hash(i, ${seed}, 'shift') % 4) ELSE 0 END) ||
+                ',"payload":{"value":' || round((hash(i, ${seed}, 'value') % 10001) / 100.0, 2) || '}' ||
+                CASE WHEN late THEN ',"late":1}' ELSE '}' END
          END AS line
-  FROM range(${p}, ${events}, ${partitions}) t(i)
+  FROM (SELECT i, hash(i, ${seed}, 'late') % 10000 < ${late_pct} * 100 AS late
+        FROM range(${p}, ${events}, ${partitions}) t(i))
   ORDER BY i
 ) TO '${path}' (FORMAT csv, HEADER false, QUOTE '', ESCAPE '', DELIMITER '\x01');

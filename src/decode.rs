@@ -110,9 +110,9 @@ impl Decoder {
 
     /// Decodes one message. Fails with the first problem found.
     pub fn decode<'a>(&'a mut self, raw: &'a [u8]) -> Result<Decoded<'a>, DecodeError> {
-        // Validating UTF-8 once up front means string scanning below only looks for quotes,
-        // backslashes and control characters.
-        let text = std::str::from_utf8(raw).map_err(|_| DecodeError::InvalidUtf8)?;
+        // Outside strings, valid JSON is ASCII (anything else is a syntax error); inside
+        // strings, the scanner checks UTF-8 where a byte is not ASCII. So the message is UTF-8
+        // once it has parsed.
         let mut found = Found {
             seen: 0,
             key: None,
@@ -121,7 +121,7 @@ impl Decoder {
         };
         {
             let mut p = Parser {
-                b: text.as_bytes(),
+                b: raw,
                 i: 0,
                 paths: &self.paths,
                 key_buf: &mut self.key_buf,
@@ -154,7 +154,10 @@ impl Decoder {
             return Err(DecodeError::Missing(Field::Time));
         }
         let key = match found.key {
-            Some(KeySpan::Raw(s, e)) => Some(&text[s..e]),
+            // The span was checked to be UTF-8 by the string scanner, or is a number.
+            Some(KeySpan::Raw(s, e)) => {
+                Some(std::str::from_utf8(&raw[s..e]).map_err(|_| DecodeError::InvalidUtf8)?)
+            }
             Some(KeySpan::Unescaped) => Some(self.key_buf.as_str()),
             None => None,
         };
@@ -394,11 +397,7 @@ impl Parser<'_, '_> {
                     found.time = t;
                 }
                 if fields & (1 << VALUE) != 0 {
-                    // The span is a validated JSON number, which Rust's float syntax accepts.
-                    let v: f64 = std::str::from_utf8(text)
-                        .ok()
-                        .and_then(|s| s.parse().ok())
-                        .ok_or(DecodeError::NotJson("invalid number"))?;
+                    let v = parse_f64(text).ok_or(DecodeError::NotJson("invalid number"))?;
                     if !v.is_finite() {
                         return Err(DecodeError::OutOfRange(Field::Value));
                     }
@@ -527,12 +526,24 @@ impl Parser<'_, '_> {
         }
     }
 
-    /// Scans a string starting at its opening quote; the input is known to be valid UTF-8.
+    /// Scans a string starting at its opening quote, checking escapes, control characters and
+    /// (for strings that are not plain ASCII) UTF-8.
     fn string(&mut self) -> Result<Str, DecodeError> {
         self.i += 1;
         let start = self.i;
         let mut escaped = false;
+        let mut ascii = true;
         loop {
+            // Skip 8 plain bytes at a time: none is '"', '\\', a control character or non-ASCII.
+            while let Some(chunk) = self.b.get(self.i..self.i + 8) {
+                let w = u64::from_le_bytes([
+                    chunk[0], chunk[1], chunk[2], chunk[3], chunk[4], chunk[5], chunk[6], chunk[7],
+                ]);
+                if special_byte(w) {
+                    break;
+                }
+                self.i += 8;
+            }
             let Some(&c) = self.b.get(self.i) else {
                 return Err(DecodeError::NotJson("unterminated string"));
             };
@@ -540,6 +551,9 @@ impl Parser<'_, '_> {
                 b'"' => {
                     let end = self.i;
                     self.i += 1;
+                    if !ascii && std::str::from_utf8(&self.b[start..end]).is_err() {
+                        return Err(DecodeError::InvalidUtf8);
+                    }
                     return Ok(Str {
                         start,
                         end,
@@ -564,6 +578,10 @@ impl Parser<'_, '_> {
                     return Err(DecodeError::NotJson(
                         "unescaped control character in a string",
                     ))
+                }
+                0x80.. => {
+                    ascii = false;
+                    self.i += 1;
                 }
                 _ => self.i += 1,
             }
@@ -623,12 +641,33 @@ fn field_of(f: usize) -> Field {
     }
 }
 
+/// Whether any of the 8 bytes in `w` needs a look inside a string: '"', '\\', a control
+/// character (< 0x20) or a non-ASCII byte.
+#[inline]
+fn special_byte(w: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let has_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    let quote = has_zero(w ^ (ONES * u64::from(b'"')));
+    let backslash = has_zero(w ^ (ONES * u64::from(b'\\')));
+    // A byte below 0x20 borrows when 0x20 is subtracted (for bytes without the high bit).
+    let control = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
+    (quote | backslash | control | (w & HIGH)) != 0
+}
+
 /// Parses a JSON integer literal; `None` when it does not fit in an i64.
 fn parse_i64(text: &[u8]) -> Option<i64> {
     let (neg, digits) = match text.split_first() {
         Some((b'-', rest)) => (true, rest),
         _ => (false, text),
     };
+    if digits.len() <= 18 {
+        // Cannot overflow: no checks per digit.
+        let v = digits
+            .iter()
+            .fold(0i64, |v, &d| v * 10 + i64::from(d - b'0'));
+        return Some(if neg { -v } else { v });
+    }
     let mut v: i64 = 0;
     for &d in digits {
         let d = i64::from(d - b'0');
@@ -640,6 +679,43 @@ fn parse_i64(text: &[u8]) -> Option<i64> {
         };
     }
     Some(v)
+}
+
+/// Exact powers of ten as doubles.
+const POW10: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+];
+
+/// Parses a validated JSON number. Short decimals (at most 15 digits, no exponent) take the
+/// exact fast path: an integer below 2^53 divided by an exact power of ten is correctly rounded.
+fn parse_f64(text: &[u8]) -> Option<f64> {
+    let (neg, body) = match text.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, text),
+    };
+    if body.len() <= 16 && !body.iter().any(|&c| c == b'e' || c == b'E') {
+        let mut mantissa: u64 = 0;
+        let mut digits = 0usize;
+        let mut frac = 0usize;
+        let mut seen_dot = false;
+        for &c in body {
+            if c == b'.' {
+                seen_dot = true;
+                continue;
+            }
+            mantissa = mantissa * 10 + u64::from(c - b'0');
+            digits += 1;
+            if seen_dot {
+                frac += 1;
+            }
+        }
+        if digits <= 15 {
+            let v = mantissa as f64 / POW10[frac];
+            return Some(if neg { -v } else { v });
+        }
+    }
+    std::str::from_utf8(text).ok()?.parse().ok()
 }
 
 /// Unescapes the content of a JSON string (already syntax-checked) into `out`.

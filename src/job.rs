@@ -7,10 +7,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::checkpoint::{lock_job, Checkpoint, CycleCommit, JobLock, Pending, StoredJob};
+use crate::checkpoint::{lock_job, Checkpoint, JobLock, Pending, StoredJob};
+use crate::committer::{Committer, CycleState, Target};
 use crate::decode::Decoder;
 use crate::error::{EtlError, Result};
-use crate::host::{Host, PooledConn};
+use crate::host::Host;
 use crate::params::{RunConfig, SourceSpec, TableName, Tables};
 use crate::pipeline::{
     read_cycle, reported_watermark, CycleLimits, Engine, PartitionProgress, Restored, Stop,
@@ -25,6 +26,9 @@ use crate::watermark::PartitionClock;
 
 /// Late and dead rows a cycle may gather before it checkpoints early (bounds memory).
 const MAX_PENDING_ROWS: usize = 500_000;
+/// Messages after which a cycle ends even before its interval: shorter cycles let the
+/// committer write one while the next is read.
+const MAX_CYCLE_MESSAGES: u64 = 200_000;
 
 pub fn wall_ms() -> i64 {
     SystemTime::now()
@@ -53,9 +57,6 @@ pub struct RunStats {
 
 pub struct Run {
     cfg: Arc<RunConfig>,
-    conn: PooledConn,
-    checkpoint: Checkpoint,
-    _lock: JobLock,
     source: Box<dyn Source>,
     engine: Engine,
     exhausted: Vec<bool>,
@@ -65,9 +66,9 @@ pub struct Run {
     run_deadline: Option<Instant>,
     cycles: u64,
     stop: Option<Stop>,
-    batch: Batch,
-    encoded: Vec<u8>,
-    windows_blob: Vec<u8>,
+    /// Declared before the lock: dropping the run finishes its commits, then frees the job.
+    committer: Committer,
+    _lock: JobLock,
 }
 
 fn settings_mismatch(job: &str, stored: &JobSettings, wanted: &JobSettings) -> Option<EtlError> {
@@ -238,14 +239,20 @@ impl Run {
         for gap in source.gaps() {
             engine.record_gap(gap.idx, gap.from, gap.to);
         }
+        let committer = Committer::start(
+            checkpoint,
+            conn,
+            Target {
+                job: cfg.job.clone(),
+                topic: cfg.topic.clone(),
+                tables: cfg.tables.clone(),
+            },
+        )?;
         Ok(Run {
             run_deadline: cfg
                 .max_runtime_ms
                 .map(|ms| started + Duration::from_millis(ms as u64)),
             cfg,
-            conn,
-            checkpoint,
-            _lock: lock,
             source,
             engine,
             exhausted,
@@ -254,9 +261,8 @@ impl Run {
             started,
             cycles: 0,
             stop: None,
-            batch: Batch::default(),
-            encoded: Vec::new(),
-            windows_blob: Vec::new(),
+            committer,
+            _lock: lock,
         })
     }
 
@@ -264,29 +270,52 @@ impl Run {
         self.stop.is_some_and(|s| s != Stop::CycleEnd)
     }
 
-    /// Reads one checkpoint cycle and makes it durable. Returns false once the run is over.
+    /// Reads one checkpoint cycle and hands it to the committer. Returns false once the run is
+    /// over; by then every cycle is durable.
     pub fn cycle(&mut self) -> Result<bool> {
         if self.is_done() {
             return Ok(false);
         }
-        let consumed = self.engine.counters().events_consumed;
-        let limits = CycleLimits {
-            remaining_messages: self
-                .cfg
-                .max_messages
-                .map_or(u64::MAX, |m| m.saturating_sub(consumed)),
-            cycle_deadline: Instant::now()
-                + Duration::from_millis(self.cfg.checkpoint_interval_ms as u64),
-            run_deadline: self.run_deadline,
-            max_pending_rows: MAX_PENDING_ROWS,
+        self.confirm(false)?;
+        // One row goes back to DuckDB per checkpoint interval; within it, sub-cycles of at most
+        // MAX_CYCLE_MESSAGES go to the committer as they are read.
+        let row_due =
+            Instant::now() + Duration::from_millis(self.cfg.checkpoint_interval_ms as u64);
+        let stop = loop {
+            let consumed = self.engine.counters().events_consumed;
+            let limits = CycleLimits {
+                remaining_messages: self
+                    .cfg
+                    .max_messages
+                    .map_or(u64::MAX, |m| m.saturating_sub(consumed)),
+                max_cycle_messages: MAX_CYCLE_MESSAGES,
+                cycle_deadline: row_due,
+                run_deadline: self.run_deadline,
+                max_pending_rows: MAX_PENDING_ROWS,
+            };
+            let read = read_cycle(
+                &mut self.engine,
+                self.source.as_mut(),
+                &mut self.exhausted,
+                &limits,
+                &wall_ms,
+            );
+            match read {
+                Ok(Stop::CycleEnd) if Instant::now() < row_due => {
+                    self.submit()?;
+                    self.confirm(false)?;
+                }
+                Ok(stop) => break stop,
+                Err(e) => {
+                    // Keep what was processed before the source failed (a broker that went
+                    // away), then fail the statement; the next run resumes right after it.
+                    if self.submit().is_ok() {
+                        let _ = self.confirm(true);
+                    }
+                    return Err(e);
+                }
+            }
         };
-        let stop = read_cycle(
-            &mut self.engine,
-            self.source.as_mut(),
-            &mut self.exhausted,
-            &limits,
-            &wall_ms,
-        )?;
         self.stop = Some(stop);
         if stop != Stop::CycleEnd {
             // Idle partitions are judged by the wall clock at the end of the run too.
@@ -295,14 +324,19 @@ impl Run {
                 self.engine.flush();
             }
         }
-        self.commit()?;
+        self.submit()?;
         self.cycles += 1;
+        if self.is_done() {
+            // The last row reports a run whose every cycle is durable.
+            self.confirm(true)?;
+        }
         Ok(!self.is_done())
     }
 
-    fn commit(&mut self) -> Result<()> {
-        self.engine.take_output(&mut self.batch);
-        let now = wall_ms();
+    /// Hands the state after this cycle, and its output, to the committer.
+    fn submit(&mut self) -> Result<()> {
+        let mut batch = Batch::default();
+        self.engine.take_output(&mut batch);
         let partitions: Vec<PartitionState> = self
             .engine
             .progress()
@@ -317,55 +351,34 @@ impl Run {
                 end_offset: self.source.end_offset(i),
             })
             .collect();
-        self.windows_blob.clear();
+        let mut open_windows = Vec::new();
         encode_windows(
             self.engine.windows().iter(),
             self.engine.open_windows(),
-            &mut self.windows_blob,
+            &mut open_windows,
         );
-        let pending = if self.batch.is_empty() {
-            None
-        } else {
-            self.encoded.clear();
-            self.batch.encode(&mut self.encoded);
-            let seq = self.next_seq;
+        let seq = (!batch.is_empty()).then(|| {
             self.next_seq += 1;
-            Some(Pending {
-                seq,
-                windows_table: self.cfg.tables.windows.sql(),
-                late_table: self.cfg.tables.late.sql(),
-                dead_letter_table: self.cfg.tables.dead.sql(),
-                topic: self.cfg.topic.clone(),
-                batch: std::mem::take(&mut self.encoded),
-            })
-        };
-        self.checkpoint.commit_cycle(
-            &self.cfg.job,
-            &CycleCommit {
-                watermark_ms: self.engine.watermark_ms(),
-                open_windows: &self.windows_blob,
-                open_window_count: self.engine.open_windows(),
-                partitions: &partitions,
-                output: pending.as_ref(),
-                now_ms: now,
-            },
-        )?;
-        if let Some(p) = pending {
-            sink::apply(
-                self.conn.conn()?,
-                &self.cfg.tables,
-                &self.cfg.topic,
-                &self.batch,
-            )?;
-            crate::testing::crash_point("after-sink-commit");
-            self.checkpoint.applied(&self.cfg.job, p.seq)?;
-            self.encoded = p.batch;
+            self.next_seq - 1
+        });
+        self.committer.submit(CycleState {
+            watermark_ms: self.engine.watermark_ms(),
+            open_windows,
+            open_window_count: self.engine.open_windows(),
+            partitions,
+            batch,
+            seq,
+            now_ms: wall_ms(),
+        })
+    }
+
+    /// Tells the source about cycles the committer made durable (Kafka commits the offsets
+    /// to the consumer group); `wait` waits for all of them.
+    fn confirm(&mut self, wait: bool) -> Result<()> {
+        for offsets in self.committer.committed(wait)? {
+            self.source.checkpointed(&offsets)?;
         }
-        let offsets: Vec<(i32, i64)> = partitions
-            .iter()
-            .map(|p| (p.partition, p.next_offset))
-            .collect();
-        self.source.checkpointed(&offsets)
+        Ok(())
     }
 
     pub fn stats(&self) -> RunStats {

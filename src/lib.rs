@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 pub mod checkpoint_function;
+pub mod committer;
 pub mod decode;
 pub mod error;
 pub mod ffi;

@@ -259,14 +259,18 @@ pub enum Stop {
 pub struct CycleLimits {
     /// Messages the run may still consume.
     pub remaining_messages: u64,
+    /// Messages after which the cycle ends (the run goes on).
+    pub max_cycle_messages: u64,
     pub cycle_deadline: Instant,
     pub run_deadline: Option<Instant>,
     /// The cycle ends once this many late/dead rows are waiting (bounds memory).
     pub max_pending_rows: usize,
 }
 
-/// How often (in messages) the clock is read.
+/// How often (in messages) the clock is read while one partition delivers.
 const CLOCK_EVERY: u32 = 2048;
+/// How often (in pulls) the clock is read while the reader moves between partitions.
+const PULLS_PER_CLOCK: u32 = 16;
 
 /// Reads from the source into the engine until the cycle or the run is over.
 pub fn read_cycle(
@@ -277,7 +281,9 @@ pub fn read_cycle(
     wall_ms: &dyn Fn() -> i64,
 ) -> Result<Stop> {
     let mut remaining = limits.remaining_messages;
+    let mut cycle_left = limits.max_cycle_messages;
     let mut since_clock = 0u32;
+    let mut pulls = 0u32;
     let mut stop = None;
     engine.set_now(wall_ms());
     loop {
@@ -308,6 +314,7 @@ pub fn read_cycle(
             }
             engine.process(idx, msg);
             remaining -= 1;
+            cycle_left = cycle_left.saturating_sub(1);
             since_clock += 1;
             if since_clock >= CLOCK_EVERY {
                 since_clock = 0;
@@ -325,6 +332,10 @@ pub fn read_cycle(
             if remaining == 0 {
                 return false;
             }
+            if cycle_left == 0 {
+                stop = Some(Stop::CycleEnd);
+                return false;
+            }
             let pending = engine.out.late.len() + engine.out.dead.len();
             if pending >= limits.max_pending_rows {
                 stop = Some(Stop::CycleEnd);
@@ -338,6 +349,13 @@ pub fn read_cycle(
         if let Some(s) = stop {
             return Ok(s);
         }
+        // Switching partitions can happen every message: look at the clock every few pulls,
+        // and after any pull that delivered nothing (it may have waited for the broker).
+        pulls += 1;
+        if pulls < PULLS_PER_CLOCK && !first {
+            continue;
+        }
+        pulls = 0;
         let now = Instant::now();
         if limits.run_deadline.is_some_and(|d| now >= d) {
             return Ok(Stop::MaxRuntime);
@@ -396,6 +414,7 @@ mod tests {
     fn limits(max: u64) -> CycleLimits {
         CycleLimits {
             remaining_messages: max,
+            max_cycle_messages: u64::MAX,
             cycle_deadline: Instant::now() + Duration::from_secs(3600),
             run_deadline: None,
             max_pending_rows: usize::MAX,

@@ -14,12 +14,20 @@
 //! leader <topic> <partition> <broker>     move a partition's leader
 //! quit                                    exit (so does end of input)
 //! ```
+//!
+//! `mock-kafka consume <bootstrap> <topic>` is the benchmark's baseline instead: a plain
+//! consume-only loop (BaseConsumer, all partitions from the start to their end offsets) that
+//! prints `{"messages": n, "bytes": b, "elapsed_s": t}`.
 
 use std::io::{BufRead, Write};
 use std::time::Duration;
 
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use rdkafka::{Offset, TopicPartitionList};
 
 fn api(name: &str) -> Option<RDKafkaApiKey> {
     Some(match name {
@@ -111,7 +119,65 @@ fn run(
     }
 }
 
+fn consume(bootstrap: &str, topic: &str) -> Result<(), String> {
+    let timeout = Duration::from_secs(15);
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "raw-consume-baseline")
+        .set("enable.auto.commit", "false")
+        .create()
+        .map_err(|e| e.to_string())?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(|e| e.to_string())?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .first()
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    let mut tpl = TopicPartitionList::new();
+    let mut remaining = 0i64;
+    for &p in &partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, timeout)
+            .map_err(|e| e.to_string())?;
+        remaining += high - low;
+        tpl.add_partition_offset(topic, p, Offset::Offset(low))
+            .map_err(|e| e.to_string())?;
+    }
+    let start = std::time::Instant::now();
+    consumer.assign(&tpl).map_err(|e| e.to_string())?;
+    let (mut messages, mut bytes) = (0i64, 0u64);
+    while messages < remaining {
+        match consumer.poll(timeout) {
+            Some(Ok(m)) => {
+                messages += 1;
+                bytes += m.payload().map_or(0, |p| p.len() as u64);
+            }
+            Some(Err(e)) => return Err(e.to_string()),
+            None => return Err(format!("stalled after {messages} messages")),
+        }
+    }
+    println!(
+        "{{\"messages\": {messages}, \"bytes\": {bytes}, \"elapsed_s\": {:.4}}}",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("consume") {
+        let (Some(bootstrap), Some(topic)) = (args.get(2), args.get(3)) else {
+            eprintln!("usage: mock-kafka consume <bootstrap> <topic>");
+            std::process::exit(2);
+        };
+        if let Err(e) = consume(bootstrap, topic) {
+            eprintln!("consume: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let brokers: i32 = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())

@@ -1,0 +1,91 @@
+//! The event-time core alone (file source → decode → watermarks → windows), without DuckDB or
+//! SQLite: how fast the hot path is, for profiling (`perf record target/release/examples/engine_bench`).
+//!
+//! usage: engine_bench <glob> [window_ms] [lateness_ms]
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use streaming_etl::decode::{Decoder, FieldPath};
+use streaming_etl::pipeline::{
+    read_cycle, CycleLimits, Engine, PartitionProgress, Restored, Stop, TimeSpec,
+};
+use streaming_etl::source::file::FileSource;
+use streaming_etl::source::Source;
+use streaming_etl::state::Batch;
+use streaming_etl::watermark::{PartitionClock, NO_WATERMARK};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(glob) = args.get(1) else {
+        eprintln!("usage: engine_bench <glob> [window_ms] [lateness_ms]");
+        std::process::exit(2);
+    };
+    let window_ms = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000);
+    let lateness_ms = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(200);
+    let mut source = match FileSource::open("bench", glob, &[], &HashMap::new(), None) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
+    let fields = |s: &str| FieldPath::parse(s).unwrap_or_else(|| std::process::exit(2));
+    let decoder = Decoder::new(
+        fields("key"),
+        fields("event_time_ms"),
+        fields("payload.value"),
+    );
+    let partitions = source
+        .partitions()
+        .iter()
+        .map(|p| PartitionProgress {
+            partition: p.partition,
+            next_offset: p.start_offset,
+            clock: PartitionClock::new(None, 0),
+        })
+        .collect();
+    let spec = TimeSpec {
+        window_ms,
+        lateness_ms,
+        idle_timeout_ms: None,
+    };
+    let restored = Restored {
+        floor_ms: NO_WATERMARK,
+        partitions,
+        open_windows: Vec::new(),
+    };
+    let mut engine = Engine::new(spec, decoder, restored, 0);
+    let mut exhausted = vec![false; source.partitions().len()];
+    let mut batch = Batch::default();
+    let (mut windows, mut late, mut dead) = (0usize, 0usize, 0usize);
+    let start = Instant::now();
+    loop {
+        let limits = CycleLimits {
+            remaining_messages: u64::MAX,
+            max_cycle_messages: u64::MAX,
+            cycle_deadline: Instant::now() + Duration::from_secs(1),
+            run_deadline: None,
+            max_pending_rows: 500_000,
+        };
+        let stop = read_cycle(&mut engine, &mut source, &mut exhausted, &limits, &|| 0)
+            .unwrap_or_else(|e| {
+                eprintln!("{e}");
+                std::process::exit(1)
+            });
+        engine.take_output(&mut batch);
+        windows += batch.windows.len();
+        late += batch.late.len();
+        dead += batch.dead.len();
+        if stop != Stop::CycleEnd {
+            break;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let n = engine.counters().events_consumed;
+    println!(
+        "{n} events in {secs:.3} s = {:.0} events/s; {windows} windows, {late} late, {dead} dead, {} open",
+        n as f64 / secs,
+        engine.open_windows()
+    );
+}

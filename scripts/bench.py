@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""`make bench`: speed and memory of streaming_etl, side by side with DuckDB's own batch
+GROUP BY over the same files and a consume-only loop over the same Kafka topic.
+
+Prints one JSON object per scenario (the predecessor's fields plus false_late_events,
+peak_rss_mb and elapsed_s), then a summary table; writes bench-out/results.json.
+Every measured run is a fresh process (Python + DuckDB + the extension), so peak_rss_mb is the
+whole process's peak resident memory.
+
+usage: bench.py [--quick] [--only NAME]
+"""
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "test", "python"))
+
+EXT = os.path.join(ROOT, "build", "release", "streaming_etl.duckdb_extension")
+OUT = os.path.join(ROOT, "bench-out")
+MOCK = os.path.join(ROOT, "target", "release", "mock-kafka")
+BASE_MS = 1_700_000_000_000
+WINDOW, LATENESS = 1000, 200
+
+
+def child_run(db, topic, named):
+    """Runs one job in this (fresh) process and prints its measurements as JSON."""
+    import duckdb
+
+    con = duckdb.connect(db, config={"allow_unsigned_extensions": "true"})
+    con.execute(f"LOAD '{EXT}'")
+    before_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    args = "".join(f", {k} := {v}" for k, v in named.items())
+    t0 = time.perf_counter()
+    rows = con.execute(f"SELECT * FROM streaming_etl_run('{topic}', {WINDOW}, {LATENESS}{args})").fetchall()
+    elapsed = time.perf_counter() - t0
+    cols = ["job", "events_consumed", "windows_emitted", "late_events", "dead_letters", "watermark_ms",
+            "elapsed_ms", "events_per_sec", "open_windows", "partitions", "cycles", "status"]
+    last = dict(zip(cols, rows[-1]))
+    false_late = con.execute("""SELECT count(*) FROM late_events WHERE payload_json NOT LIKE '%"late":1%'""").fetchone()[0]
+    max_event = con.execute("SELECT max(max_event_time_ms) FROM streaming_etl_checkpoint()").fetchone()[0]
+    con.close()
+    time.sleep(0.1)  # let the extension release the database so its file is complete
+    size = sum(os.path.getsize(p) for p in (db, db + ".wal") if os.path.exists(p))
+    print(json.dumps({"stats": last, "wall_s": elapsed, "false_late": false_late, "max_event_ms": max_event,
+                      "db_size_kb": size // 1024, "rss_before_run_mb": before_mb}))
+
+
+def child_batch(db, pattern, explicit):
+    """DuckDB's own batch equivalent: read the files, GROUP BY window and key, into a table."""
+    import duckdb
+
+    con = duckdb.connect(db)
+    source = (f"read_ndjson('{pattern}', columns = {{'key': 'VARCHAR', 'event_time_ms': 'BIGINT', "
+              f"'payload': 'STRUCT(value DOUBLE)'}})" if explicit else f"read_ndjson('{pattern}')")
+    t0 = time.perf_counter()
+    n = con.execute(f"""CREATE TABLE windows AS
+        SELECT (event_time_ms // {WINDOW}) * {WINDOW} AS window_start_ms, key, count(*) AS count,
+               sum(payload.value) AS sum_value, min(payload.value) AS min_value, max(payload.value) AS max_value
+        FROM {source} GROUP BY ALL""").fetchone()
+    elapsed = time.perf_counter() - t0
+    events = con.execute("SELECT sum(count) FROM windows").fetchone()[0]
+    print(json.dumps({"elapsed_s": elapsed, "events": int(events), "rows": n[0] if n else None}))
+
+
+def spawn_measured(args):
+    """Runs this script as a child; returns (its JSON output, its peak RSS in MB)."""
+    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    out = p.stdout.read()
+    err = p.stderr.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError(f"child {args[0]} failed: {err}")
+    return json.loads(out.strip().splitlines()[-1]), usage.ru_maxrss / 1024
+
+
+def generate(name, events, partitions=4, skew_ms=0, skew_partition=-1, late_pct=5):
+    import duckdb
+    from datagen import generate_sql
+
+    d = os.path.join(OUT, "data", name)
+    if os.path.exists(os.path.join(d, "done")):
+        return d
+    shutil.rmtree(d, ignore_errors=True)
+    generate_sql(duckdb.connect(), d, events, partitions=partitions, keys=50, late_pct=late_pct,
+                 skew_ms=skew_ms, skew_partition=skew_partition, window_ms=WINDOW)
+    open(os.path.join(d, "done"), "w").close()
+    return d
+
+
+def record(name, source, events, injected, run, rss, extra):
+    s = run["stats"]
+    wm = s["watermark_ms"]
+    result = {
+        "scenario": name,
+        "source": source,
+        "events_produced": events,
+        "late_events_injected": injected,
+        "events_consumed": s["events_consumed"],
+        "windows_emitted": s["windows_emitted"],
+        "late_events_observed": s["late_events"],
+        "late_recovery_rate": round(s["late_events"] / injected, 4) if injected else None,
+        "throughput_events_per_sec": round(s["events_consumed"] / run["wall_s"]),
+        "final_watermark_lag_ms": (run["max_event_ms"] - wm) if wm is not None and run["max_event_ms"] else None,
+        "db_size_kb": run["db_size_kb"],
+        "false_late_events": run["false_late"],
+        "peak_rss_mb": round(rss, 1),
+        "elapsed_s": round(run["wall_s"], 3),
+    }
+    result.update(extra)
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def injected_late(d):
+    n = 0
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".ndjson"):
+            with open(os.path.join(d, f), "rb") as fh:
+                n += fh.read().count(b'"late":1')
+    return n
+
+
+def files_scenario(name, events, **gen):
+    d = generate(name, events, **gen)
+    pattern = f"{d}/*.ndjson"
+    db = os.path.join(OUT, f"{name}.duckdb")
+    for p in (db, db + ".wal", db + ".streaming_etl.sqlite"):
+        if os.path.exists(p):
+            os.remove(p)
+    run, rss = spawn_measured(["--child-run", db, f"file:{pattern}", "{}"])
+    extra = {}
+    if not gen.get("skew_ms"):
+        batches = {}
+        for explicit in (False, True):
+            bdb = os.path.join(OUT, f"{name}-batch.duckdb")
+            if os.path.exists(bdb):
+                os.remove(bdb)
+            b, brss = spawn_measured(["--child-batch", bdb, pattern, "1" if explicit else "0"])
+            batches[explicit] = (b, brss)
+        auto, _ = batches[False]
+        typed, _ = batches[True]
+        ours = run["stats"]["events_consumed"] / run["wall_s"]
+        extra = {
+            "duckdb_batch_events_per_sec": round(auto["events"] / auto["elapsed_s"]),
+            "duckdb_batch_typed_events_per_sec": round(typed["events"] / typed["elapsed_s"]),
+            "ratio_ours_to_duckdb_batch": round(ours / (auto["events"] / auto["elapsed_s"]), 3),
+            "ratio_ours_to_duckdb_batch_typed": round(ours / (typed["events"] / typed["elapsed_s"]), 3),
+            "duckdb_batch_peak_rss_mb": round(batches[False][1], 1),
+        }
+    return record(name, "files", events, injected_late(d), run, rss, extra)
+
+
+def kafka_scenario(name, events, partitions=4, **gen):
+    from brokers import MockBroker, produce
+
+    d = generate(name, events, partitions=partitions, **gen)
+    paths = sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".ndjson"))
+    broker = MockBroker()
+    try:
+        broker.create_topic("bench", partitions)
+        # The mock broker keeps 5 MiB per partition: zstd keeps 1M small messages within it.
+        produce(broker.bootstrap, "bench", [open(p, "rb").read().splitlines() for p in paths], compression="zstd")
+        raw = subprocess.run([MOCK, "consume", broker.bootstrap, "bench"], capture_output=True, text=True, timeout=600)
+        if raw.returncode != 0:
+            raise RuntimeError(raw.stderr)
+        raw = json.loads(raw.stdout)
+        db = os.path.join(OUT, f"{name}.duckdb")
+        for p in (db, db + ".wal", db + ".streaming_etl.sqlite"):
+            if os.path.exists(p):
+                os.remove(p)
+        run, rss = spawn_measured(["--child-run", db, "bench", json.dumps({"brokers": f"'{broker.bootstrap}'"})])
+    finally:
+        broker.stop()
+    raw_rate = raw["messages"] / raw["elapsed_s"]
+    ours = run["stats"]["events_consumed"] / run["wall_s"]
+    extra = {"raw_consume_events_per_sec": round(raw_rate), "ratio_ours_to_raw_consume": round(ours / raw_rate, 3)}
+    return record(name, "kafka (mock cluster)", events, injected_late(d), run, rss, extra)
+
+
+def main():
+    quick = "--quick" in sys.argv
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    os.makedirs(OUT, exist_ok=True)
+    scenarios = [
+        ("predecessor-files", lambda: files_scenario("predecessor-files", 50_000)),
+        ("predecessor-kafka", lambda: kafka_scenario("predecessor-kafka", 50_000)),
+        ("files-10M", lambda: files_scenario("files-10M", 1_000_000 if quick else 10_000_000)),
+        ("kafka-1M", lambda: kafka_scenario("kafka-1M", 200_000 if quick else 1_000_000)),
+        ("skewed-files", lambda: files_scenario("skewed-files", 1_000_000, skew_ms=5000, skew_partition=2, late_pct=0)),
+        ("skewed-kafka", lambda: kafka_scenario("skewed-kafka", 200_000, skew_ms=5000, skew_partition=2, late_pct=0)),
+    ]
+    results = []
+    for name, fn in scenarios:
+        if only and only != name:
+            continue
+        results.append(fn())
+    meta = {"machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+            "date": time.strftime("%Y-%m-%d"), "results": results}
+    with open(os.path.join(OUT, "results.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    print()
+    print(f"{'scenario':20} {'events':>10} {'ev/s':>10} {'vs batch':>9} {'vs raw':>7} {'false late':>10} {'recovery':>8} {'rss MB':>7}")
+    for r in results:
+        print(f"{r['scenario']:20} {r['events_consumed']:>10} {r['throughput_events_per_sec']:>10} "
+              f"{str(r.get('ratio_ours_to_duckdb_batch', '')):>9} {str(r.get('ratio_ours_to_raw_consume', '')):>7} "
+              f"{r['false_late_events']:>10} {str(r['late_recovery_rate']):>8} {r['peak_rss_mb']:>7}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child-run":
+        child_run(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--child-batch":
+        child_batch(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
+    else:
+        main()
