@@ -61,6 +61,7 @@ demo-kafka: release tools venv
 	$(PY) scripts/demo_kafka.py
 
 bench: release tools venv
+	$(CARGO) build --release --example engine_bench
 	$(PY) scripts/bench.py
 
 fmt:

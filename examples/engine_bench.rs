@@ -63,7 +63,7 @@ fn main() {
     loop {
         let limits = CycleLimits {
             remaining_messages: u64::MAX,
-            max_cycle_messages: u64::MAX,
+            max_cycle_messages: 200_000, // as the extension's sub-cycles
             cycle_deadline: Instant::now() + Duration::from_secs(1),
             run_deadline: None,
             max_pending_rows: 500_000,

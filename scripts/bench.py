@@ -28,13 +28,23 @@ BASE_MS = 1_700_000_000_000
 WINDOW, LATENESS = 1000, 200
 
 
+def peak_rss_mb():
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss it starts afresh at exec,
+    so the benchmark parent's own memory does not leak into the children's figures)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def child_run(db, topic, named):
     """Runs one job in this (fresh) process and prints its measurements as JSON."""
     import duckdb
 
     con = duckdb.connect(db, config={"allow_unsigned_extensions": "true"})
     con.execute(f"LOAD '{EXT}'")
-    before_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    before_mb = peak_rss_mb()
     args = "".join(f", {k} := {v}" for k, v in named.items())
     t0 = time.perf_counter()
     rows = con.execute(f"SELECT * FROM streaming_etl_run('{topic}', {WINDOW}, {LATENESS}{args})").fetchall()
@@ -48,7 +58,7 @@ def child_run(db, topic, named):
     time.sleep(0.1)  # let the extension release the database so its file is complete
     size = sum(os.path.getsize(p) for p in (db, db + ".wal") if os.path.exists(p))
     print(json.dumps({"stats": last, "wall_s": elapsed, "false_late": false_late, "max_event_ms": max_event,
-                      "db_size_kb": size // 1024, "rss_before_run_mb": before_mb}))
+                      "db_size_kb": size // 1024, "rss_before_run_mb": before_mb, "peak_rss_mb": peak_rss_mb()}))
 
 
 def child_batch(db, pattern, explicit):
@@ -65,27 +75,24 @@ def child_batch(db, pattern, explicit):
         FROM {source} GROUP BY ALL""").fetchone()
     elapsed = time.perf_counter() - t0
     events = con.execute("SELECT sum(count) FROM windows").fetchone()[0]
-    print(json.dumps({"elapsed_s": elapsed, "events": int(events), "rows": n[0] if n else None}))
+    print(json.dumps({"elapsed_s": elapsed, "events": int(events), "rows": n[0] if n else None,
+                      "peak_rss_mb": peak_rss_mb()}))
 
 
 def spawn_measured(args):
     """Runs this script as a child; returns (its JSON output, its peak RSS in MB)."""
-    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    out = p.stdout.read()
-    err = p.stderr.read()
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
-        raise RuntimeError(f"child {args[0]} failed: {err}")
-    return json.loads(out.strip().splitlines()[-1]), usage.ru_maxrss / 1024
+        raise RuntimeError(f"child {args[0]} failed: {p.stderr}")
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    return out, out["peak_rss_mb"]
 
 
 def generate(name, events, partitions=4, skew_ms=0, skew_partition=-1, late_pct=5):
     import duckdb
     from datagen import generate_sql
 
-    d = os.path.join(OUT, "data", name)
+    d = os.path.join(OUT, "data", f"{name}-{events}")
     if os.path.exists(os.path.join(d, "done")):
         return d
     shutil.rmtree(d, ignore_errors=True)
@@ -112,6 +119,7 @@ def record(name, source, events, injected, run, rss, extra):
         "db_size_kb": run["db_size_kb"],
         "false_late_events": run["false_late"],
         "peak_rss_mb": round(rss, 1),
+        "rss_before_run_mb": round(run["rss_before_run_mb"], 1),
         "elapsed_s": round(run["wall_s"], 3),
     }
     result.update(extra)
@@ -126,6 +134,16 @@ def injected_late(d):
             with open(os.path.join(d, f), "rb") as fh:
                 n += fh.read().count(b'"late":1')
     return n
+
+
+def engine_only(pattern):
+    """The event-time core alone (no DuckDB, no SQLite): its speed and its own peak memory."""
+    exe = os.path.join(ROOT, "target", "release", "examples", "engine_bench")
+    r = subprocess.run(["/usr/bin/time", "-f", "%M", exe, pattern], capture_output=True, text=True)
+    if r.returncode != 0:
+        return {}
+    rate = float(r.stdout.split(" = ")[1].split()[0])
+    return {"engine_only_events_per_sec": round(rate), "engine_only_peak_rss_mb": round(int(r.stderr.strip().splitlines()[-1]) / 1024, 1)}
 
 
 def files_scenario(name, events, **gen):
@@ -155,6 +173,7 @@ def files_scenario(name, events, **gen):
             "ratio_ours_to_duckdb_batch_typed": round(ours / (typed["events"] / typed["elapsed_s"]), 3),
             "duckdb_batch_peak_rss_mb": round(batches[False][1], 1),
         }
+        extra.update(engine_only(pattern))
     return record(name, "files", events, injected_late(d), run, rss, extra)
 
 

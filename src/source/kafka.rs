@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message as _;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::error::{EtlError, Result};
+use crate::ffi::{PartitionBatches, KAFKA_PARTITION_EOF};
 use crate::params::KafkaParams;
 use crate::source::{Gap, Message, Pull, Source, SourcePartition};
 
@@ -48,15 +48,13 @@ impl ClientContext for Context {
 
 impl ConsumerContext for Context {}
 
-type Queue = rdkafka::consumer::base_consumer::PartitionQueue<Context>;
-
 /// The open consumer; dropped on a thread of its own (see `Drop for KafkaSource`).
 struct Reader {
     topic: String,
     source_name: String,
     brokers: String,
     consumer: Arc<BaseConsumer<Context>>,
-    queues: Vec<Queue>,
+    queues: Vec<PartitionBatches<Context>>,
     parts: Vec<SourcePartition>,
     /// The high watermark each partition had when the run started.
     ends: Vec<i64>,
@@ -70,6 +68,9 @@ struct Reader {
 fn kafka_error(e: &KafkaError) -> String {
     e.to_string()
 }
+
+/// Messages taken from a partition's queue per call.
+const BATCH: usize = 4096;
 
 pub struct KafkaSource {
     reader: Option<Reader>,
@@ -101,7 +102,13 @@ impl KafkaSource {
                 "socket.timeout.ms",
                 params.timeout_ms.clamp(10, 300_000).to_string(),
             )
-            .set("client.id", "streaming_etl");
+            .set("client.id", "streaming_etl")
+            // librdkafka prefetches up to 64 MiB per partition by default; a few MiB keep the
+            // fetcher ahead of the pipeline without the memory. Once a partition's prefetch is
+            // full, the fetcher pauses it for fetch.queue.backoff.ms (1 s by default): reading
+            // partitions evenly drains it in well under that, so the pause would starve the run.
+            .set("queued.max.messages.kbytes", "16384")
+            .set("fetch.queue.backoff.ms", "5");
         for (k, v) in &params.properties {
             config.set(k, v);
         }
@@ -185,8 +192,7 @@ impl KafkaSource {
         let mut queues = Vec::with_capacity(ids.len());
         for &p in &ids {
             queues.push(
-                consumer
-                    .split_partition_queue(topic, p)
+                PartitionBatches::split(&consumer, topic, p, BATCH)
                     .ok_or_else(|| err(format!("cannot open a queue for partition {p}")))?,
             );
         }
@@ -255,8 +261,7 @@ impl Reader {
             if self.done[idx] {
                 return Ok(Pull::Exhausted);
             }
-            let mut polled = self.queues[idx].poll(Duration::ZERO);
-            if polled.is_none() {
+            if self.queues[idx].peek().is_none() && self.queues[idx].refill(0) == 0 {
                 // Nothing fetched yet: serve librdkafka's callbacks (errors go to the context)
                 // and wait a little, up to the timeout overall.
                 let since = *waiting_since.get_or_insert_with(Instant::now);
@@ -271,45 +276,42 @@ impl Reader {
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner) = Some(kafka_error(&e));
                 }
-                polled = self.queues[idx].poll(Duration::from_millis(50));
+                self.queues[idx].refill(50);
+                continue;
             }
-            match polled {
-                Some(Ok(m)) => {
-                    waiting_since = None;
-                    let offset = m.offset();
-                    self.next[idx] = offset + 1;
-                    if self.next[idx] >= self.ends[idx] {
-                        self.done[idx] = true;
-                    }
-                    let msg = Message {
-                        offset,
-                        next_offset: offset + 1,
-                        payload: m.payload().unwrap_or(&[]),
-                        key: m.key(),
-                    };
-                    if !each(&msg) {
-                        return Ok(if self.done[idx] {
-                            Pull::Exhausted
-                        } else {
-                            Pull::Paused
-                        });
-                    }
-                }
-                Some(Err(KafkaError::PartitionEOF(_))) => {
+            waiting_since = None;
+            let queue = &mut self.queues[idx];
+            let Some(m) = queue.peek() else { continue };
+            if let Some((code, text)) = m.error {
+                queue.advance();
+                if code == KAFKA_PARTITION_EOF {
                     // The end of what the broker has (past control records or compacted gaps).
                     self.done[idx] = true;
+                    continue;
                 }
-                Some(Err(e)) => {
-                    return Err(EtlError::source(
-                        &self.source_name,
-                        format!(
-                            "partition {}: {}",
-                            self.parts[idx].partition,
-                            kafka_error(&e)
-                        ),
-                    ))
-                }
-                None => {}
+                return Err(EtlError::source(
+                    &self.source_name,
+                    format!("partition {}: {text}", self.parts[idx].partition),
+                ));
+            }
+            let offset = m.offset;
+            self.next[idx] = offset + 1;
+            if self.next[idx] >= self.ends[idx] {
+                self.done[idx] = true;
+            }
+            let keep = each(&Message {
+                offset,
+                next_offset: offset + 1,
+                payload: m.payload,
+                key: m.key,
+            });
+            queue.advance();
+            if !keep {
+                return Ok(if self.done[idx] {
+                    Pull::Exhausted
+                } else {
+                    Pull::Paused
+                });
             }
         }
     }

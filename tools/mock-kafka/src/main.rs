@@ -125,6 +125,9 @@ fn consume(bootstrap: &str, topic: &str) -> Result<(), String> {
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "raw-consume-baseline")
         .set("enable.auto.commit", "false")
+        // The same fetch settings as streaming_etl's consumer, so the baseline is fair.
+        .set("queued.max.messages.kbytes", "4096")
+        .set("fetch.queue.backoff.ms", "5")
         .create()
         .map_err(|e| e.to_string())?;
     let metadata = consumer
