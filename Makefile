@@ -60,6 +60,9 @@ demo: release venv
 demo-kafka: release tools venv
 	$(PY) scripts/demo_kafka.py
 
+reliability: release tools venv
+	$(PY) scripts/reliability.py
+
 bench: release tools venv
 	$(CARGO) build --release --example engine_bench
 	$(PY) scripts/bench.py

@@ -49,6 +49,7 @@ impl TableFunction for CheckpointFunction {
     ];
 
     fn bind(args: &dyn Args, host: &Arc<Host>) -> Result<Self::Bind> {
+        crate::testing::panic_point("checkpoint-bind");
         let job = match args.named("job") {
             Some(Arg::Text(j)) => Some(j),
             _ => None,

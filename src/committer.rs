@@ -133,6 +133,7 @@ fn commit(
     target: &Target,
     state: &CycleState,
 ) -> Result<()> {
+    crate::testing::panic_point("commit");
     let pending = match state.seq {
         Some(seq) => {
             let mut encoded = Vec::new();

@@ -276,6 +276,7 @@ impl Run {
         if self.is_done() {
             return Ok(false);
         }
+        crate::testing::panic_point("cycle");
         self.confirm(false)?;
         // One row goes back to DuckDB per checkpoint interval; within it, sub-cycles of at most
         // MAX_CYCLE_MESSAGES go to the committer as they are read.

@@ -40,10 +40,12 @@ impl TableFunction for RunFunction {
     ];
 
     fn bind(args: &dyn Args, host: &Arc<Host>) -> Result<Self::Bind> {
+        crate::testing::panic_point("bind");
         parse_run(args, host.db_path()).map(Arc::new)
     }
 
     fn init(bind: &Self::Bind, host: &Arc<Host>) -> Result<Self::State> {
+        crate::testing::panic_point("init");
         Ok(RunState {
             run: Some(Run::start(Arc::clone(bind), host)?),
         })

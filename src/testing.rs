@@ -1,6 +1,7 @@
-//! Test hooks: `STREAMING_ETL_CRASH_AT=<point>[:<n>]` kills the process (SIGKILL) the n-th time
-//! (default 1st) execution reaches the named point, so that reliability tests can hit the
-//! narrow windows a random kill rarely lands in. Unset, a crash point costs one relaxed load.
+//! Test hooks, inert unless their environment variable is set: `STREAMING_ETL_CRASH_AT=<point>[:<n>]`
+//! kills the process (SIGKILL) the n-th time (default 1st) execution reaches the named point, so
+//! reliability tests can hit the narrow windows a random kill rarely lands in;
+//! `STREAMING_ETL_PANIC_AT=<point>` panics there.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -35,5 +36,18 @@ pub fn crash_point(name: &str) {
         if c.point == name && c.seen.fetch_add(1, Ordering::Relaxed) + 1 == c.nth {
             crate::ffi::kill_self();
         }
+    }
+}
+
+/// Panics here if `STREAMING_ETL_PANIC_AT` names this point: proves that a bug surfaces as an SQL
+/// error and leaves DuckDB usable (every callback contains panics).
+pub fn panic_point(name: &str) {
+    static PANIC_AT: OnceLock<Option<String>> = OnceLock::new();
+    if PANIC_AT
+        .get_or_init(|| std::env::var("STREAMING_ETL_PANIC_AT").ok())
+        .as_deref()
+        == Some(name)
+    {
+        panic!("forced panic at '{name}' (STREAMING_ETL_PANIC_AT)");
     }
 }

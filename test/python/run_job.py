@@ -1,6 +1,7 @@
 """Runs one streaming_etl job in its own process (for kill and concurrency tests).
 
-usage: run_job.py <db> <topic> <window_ms> <lateness_ms> [name=sql-value ...]
+usage: run_job.py <db> <topic> <window_ms> <lateness_ms> [name=sql-value ...] [--announce]
+(--announce prints "loaded" once the extension is loaded, so a test can time a kill.)
 Prints each result row as a JSON line; the last one is the run's totals.
 """
 import json
@@ -15,9 +16,14 @@ EXT = os.environ.get("STREAMING_ETL_EXTENSION") or os.path.join(
 
 
 def main():
-    db, topic, window, lateness, *named = sys.argv[1:]
+    args = sys.argv[1:]
+    announce = "--announce" in args
+    args = [a for a in args if a != "--announce"]
+    db, topic, window, lateness, *named = args
     con = duckdb.connect(db, config={"allow_unsigned_extensions": "true"})
     con.execute(f"LOAD '{EXT}'")
+    if announce:
+        print("loaded", flush=True)
     args = "".join(f", {n.split('=', 1)[0]} := {n.split('=', 1)[1]}" for n in named)
     cur = con.execute(f"SELECT * FROM streaming_etl_run('{topic}', {window}, {lateness}{args})")
     cols = [d[0] for d in cur.description]

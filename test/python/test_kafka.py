@@ -157,37 +157,6 @@ def test_two_processes_splitting_the_partitions_equal_one(mock, tmp_path):
     assert len(late) > 0
 
 
-def test_sigkill_mid_run_then_exact_accounting(mock, tmp_path):
-    topic = topic_name()
-    mock.create_topic(topic, 4)
-    n = 400_000
-    parts = [[b'{"key":"k%d","event_time_ms":%d,"payload":{"value":%d}}' % (i % 50, 1_700_000_000_000 + i - (3000 if i % 20 == 7 else 0), i % 100)
-              for i in range(p, n, 4)] for p in range(4)]
-    parts[1][777] = b"not json"
-    produce(mock.bootstrap, topic, parts, compression="lz4")
-    db = tmp_path / "k.duckdb"
-    kills = 0
-    for _ in range(40):
-        p = subprocess.Popen([sys.executable, os.path.join(HERE, "run_job.py"), str(db), topic, "1000", "200",
-                              f"brokers='{mock.bootstrap}'", "checkpoint_interval_ms=10"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(0.25 + (kills % 5) * 0.07)
-        if p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-            kills += 1
-        out, err = p.communicate()
-        assert p.returncode in (0, -signal.SIGKILL), err.decode()
-        if p.returncode == 0:
-            break
-    assert kills >= 3, f"only {kills} kills landed"
-    con = connect(db)
-    run(con, topic, mock.bootstrap, "flush := true")
-    total = con.execute("SELECT (SELECT sum(count) FROM windows) + (SELECT count(*) FROM late_events) + (SELECT count(*) FROM dead_letters)").fetchone()[0]
-    assert total == n
-    assert con.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 1
-    assert con.execute("SELECT count(*) FROM late_events").fetchone()[0] > 0
-
-
 def test_a_broker_that_goes_away_fails_the_run_and_the_next_resumes_exactly(tmp_path):
     broker = MockBroker()
     try:
