@@ -235,6 +235,8 @@ struct Str {
 }
 
 const NOT_JSON_EOF: DecodeError = DecodeError::NotJson("unexpected end of message");
+const UNPAIRED_SURROGATE: DecodeError =
+    DecodeError::NotJson("invalid \\u escape in a string (unpaired surrogate)");
 
 impl Parser<'_, '_> {
     #[inline]
@@ -565,9 +567,22 @@ impl Parser<'_, '_> {
                     match self.b.get(self.i + 1) {
                         Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.i += 2,
                         Some(b'u') => {
-                            let hex = self.b.get(self.i + 2..self.i + 6);
-                            if !hex.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
-                                return Err(DecodeError::NotJson("invalid \\u escape in a string"));
+                            // A surrogate must come as a high-low pair: a lone one is no
+                            // character at all (strict JSON parsers refuse it too).
+                            let unit = self.hex_unit(self.i + 2)?;
+                            if (0xDC00..0xE000).contains(&unit) {
+                                return Err(UNPAIRED_SURROGATE);
+                            }
+                            if (0xD800..0xDC00).contains(&unit) {
+                                let low = if self.b.get(self.i + 6..self.i + 8) == Some(b"\\u") {
+                                    self.hex_unit(self.i + 8)?
+                                } else {
+                                    0
+                                };
+                                if !(0xDC00..0xE000).contains(&low) {
+                                    return Err(UNPAIRED_SURROGATE);
+                                }
+                                self.i += 6;
                             }
                             self.i += 6;
                         }
@@ -586,6 +601,20 @@ impl Parser<'_, '_> {
                 _ => self.i += 1,
             }
         }
+    }
+
+    /// The UTF-16 code unit of the four hex digits at `at`.
+    fn hex_unit(&self, at: usize) -> Result<u32, DecodeError> {
+        let hex = self
+            .b
+            .get(at..at + 4)
+            .ok_or(DecodeError::NotJson("invalid \\u escape in a string"))?;
+        hex.iter().try_fold(0u32, |v, &c| {
+            (c as char)
+                .to_digit(16)
+                .map(|d| v * 16 + d)
+                .ok_or(DecodeError::NotJson("invalid \\u escape in a string"))
+        })
     }
 
     /// Scans a number; returns its span and whether it is written as an integer.
@@ -931,6 +960,16 @@ mod tests {
             err(b"{\"key\":\"a\tb\",\"event_time_ms\":1}"),
             "not JSON: unescaped control character in a string"
         );
+    }
+
+    #[test]
+    fn surrogates_must_come_in_pairs_anywhere() {
+        assert_eq!(ok(r#"{"key":"a","x":"\ud83d\ude00","event_time_ms":1}"#).1, 1);
+        let unpaired = "not JSON: invalid \\u escape in a string (unpaired surrogate)";
+        assert_eq!(err(br#"{"key":"a","x":"\ud800","event_time_ms":1}"#), unpaired);
+        assert_eq!(err(br#"{"key":"a","x":"\udc00","event_time_ms":1}"#), unpaired);
+        assert_eq!(err(br#"{"key":"\ud800x","event_time_ms":1}"#), unpaired);
+        assert_eq!(err(br#"{"key":"\ud800\u0041","event_time_ms":1}"#), unpaired);
     }
 
     #[test]
