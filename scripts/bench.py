@@ -204,6 +204,25 @@ def kafka_scenario(name, events, partitions=4, **gen):
     return record(name, "kafka (mock cluster)", events, injected_late(d), run, rss, extra)
 
 
+def markdown_table(results):
+    """The README's table."""
+    lines = ["| scenario | events | events/s | comparison | ours / it | late injected / observed | false late | watermark lag ms | peak RSS MB | DB KB | s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "duckdb_batch_events_per_sec" in r:
+            cmp = f"DuckDB batch {r['duckdb_batch_events_per_sec']:,}/s (typed {r['duckdb_batch_typed_events_per_sec']:,}/s)"
+            ratio = f"{r['ratio_ours_to_duckdb_batch']} ({r['ratio_ours_to_duckdb_batch_typed']})"
+        elif "raw_consume_events_per_sec" in r:
+            cmp = f"raw consume {r['raw_consume_events_per_sec']:,}/s"
+            ratio = str(r["ratio_ours_to_raw_consume"])
+        else:
+            cmp, ratio = "", ""
+        lines.append(f"| {r['scenario']} ({r['source']}) | {r['events_consumed']:,} | {r['throughput_events_per_sec']:,} | {cmp} | {ratio} | "
+                     f"{r['late_events_injected']:,} / {r['late_events_observed']:,} | {r['false_late_events']} | "
+                     f"{r['final_watermark_lag_ms']} | {r['peak_rss_mb']} | {r['db_size_kb']:,} | {r['elapsed_s']} |")
+    return "\n".join(lines)
+
+
 def main():
     quick = "--quick" in sys.argv
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -225,6 +244,8 @@ def main():
             "date": time.strftime("%Y-%m-%d"), "results": results}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(meta, f, indent=1)
+    print()
+    print(markdown_table(results))
     print()
     print(f"{'scenario':20} {'events':>10} {'ev/s':>10} {'vs batch':>9} {'vs raw':>7} {'false late':>10} {'recovery':>8} {'rss MB':>7}")
     for r in results:
