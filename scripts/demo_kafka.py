@@ -8,31 +8,25 @@ finishes the run and shows the result.
 """
 import os
 import shutil
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test", "python"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import duckdb  # noqa: E402
-import duckdb_cli  # noqa: E402
 
 from brokers import MockBroker, TansuBroker, produce  # noqa: E402
 from datagen import generate_sql  # noqa: E402
+from democli import cli as run_cli  # noqa: E402
 
 EXT = os.path.join(ROOT, "build", "release", "streaming_etl.duckdb_extension")
-CLI = os.path.join(os.path.dirname(duckdb_cli.__file__), "duckdb")
 DEMO = os.path.join(ROOT, "demo-kafka")
 EVENTS = 200_000
 
 
 def cli(sql, title):
-    print(f"\n-- {title}\n{sql.strip()}\n", flush=True)
-    r = subprocess.run([CLI, "-unsigned", os.path.join(DEMO, "orders.duckdb"), "-c", sql], capture_output=True, text=True)
-    print(r.stdout, end="")
-    if r.returncode != 0:
-        print(r.stderr, file=sys.stderr)
-        sys.exit(r.returncode)
+    run_cli(os.path.join(DEMO, "orders.duckdb"), sql, title)
 
 
 def main():

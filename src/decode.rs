@@ -964,12 +964,24 @@ mod tests {
 
     #[test]
     fn surrogates_must_come_in_pairs_anywhere() {
-        assert_eq!(ok(r#"{"key":"a","x":"\ud83d\ude00","event_time_ms":1}"#).1, 1);
+        assert_eq!(
+            ok(r#"{"key":"a","x":"\ud83d\ude00","event_time_ms":1}"#).1,
+            1
+        );
         let unpaired = "not JSON: invalid \\u escape in a string (unpaired surrogate)";
-        assert_eq!(err(br#"{"key":"a","x":"\ud800","event_time_ms":1}"#), unpaired);
-        assert_eq!(err(br#"{"key":"a","x":"\udc00","event_time_ms":1}"#), unpaired);
+        assert_eq!(
+            err(br#"{"key":"a","x":"\ud800","event_time_ms":1}"#),
+            unpaired
+        );
+        assert_eq!(
+            err(br#"{"key":"a","x":"\udc00","event_time_ms":1}"#),
+            unpaired
+        );
         assert_eq!(err(br#"{"key":"\ud800x","event_time_ms":1}"#), unpaired);
-        assert_eq!(err(br#"{"key":"\ud800\u0041","event_time_ms":1}"#), unpaired);
+        assert_eq!(
+            err(br#"{"key":"\ud800\u0041","event_time_ms":1}"#),
+            unpaired
+        );
     }
 
     #[test]

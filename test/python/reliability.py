@@ -110,6 +110,24 @@ def kill_loop(db, topic, named, kills_wanted, max_delay_s, rng, env=None):
 
 # --- crashes ---------------------------------------------------------------------------------
 
+def kill_rounds(d, topic, named, kills_wanted, max_delay_s, ref, messages, seed):
+    """Kill loops over fresh databases until `kills_wanted` kills have landed, each round then
+    finished and checked exactly against `ref`. Returns (kills, rounds, last checkpoint)."""
+    rng = random.Random(seed)
+    kills = rounds = 0
+    ckpt = ""
+    while kills < kills_wanted:
+        db = os.path.join(d, f"killed-{rounds}.duckdb")
+        landed, _ = kill_loop(db, topic, [n.replace(" := ", "=") for n in named] + ["checkpoint_interval_ms=5"],
+                              kills_wanted, max_delay_s, rng)
+        lost, doubled, exact = compare(finish(db, topic, *named), ref, messages)
+        assert exact, (lost, doubled)
+        kills += landed
+        rounds += 1
+        ckpt = db + ".streaming_etl.sqlite"
+    return kills, rounds, ckpt
+
+
 def kill_files(scale):
     messages, kills_wanted = (200_000, 10) if scale == "short" else (1_000_000, 50)
     d = workdir("killf")
@@ -117,19 +135,9 @@ def kill_files(scale):
         paths = generate_sql(duckdb.connect(), os.path.join(d, "data"), messages, partitions=4, late_pct=5, bad_permille=2)
         topic = f"file:{d}/data/*.ndjson"
         ref = straight(d, topic)
-        rng = random.Random(1)
-        total_kills = 0
-        rounds = 0
-        while total_kills < kills_wanted:
-            db = os.path.join(d, f"killed-{rounds}.duckdb")
-            kills, _ = kill_loop(db, topic, ["checkpoint_interval_ms=5"], kills_wanted, 0.06, rng)
-            con = finish(db, topic)
-            lost, doubled, exact = compare(con, ref, messages)
-            assert exact, (lost, doubled)
-            total_kills += kills
-            rounds += 1
-        return row("SIGKILL at random instants (files)", total_kills, messages, lost, doubled, exact,
-                   db + ".streaming_etl.sqlite", f"{rounds} job(s) of {messages} messages")
+        kills, rounds, ckpt = kill_rounds(d, topic, [], kills_wanted, 0.06, ref, messages, seed=1)
+        return row("SIGKILL at random instants (files)", kills, messages, 0, 0, True, ckpt,
+                   f"{rounds} job(s) of {messages} messages")
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -144,19 +152,9 @@ def kill_kafka(scale):
         produce(broker.bootstrap, "orders", [open(p, "rb").read().splitlines() for p in paths], compression="zstd")
         b = f"brokers := '{broker.bootstrap}'"
         ref = straight(d, "orders", b)
-        rng = random.Random(2)
-        total_kills = rounds = 0
-        while total_kills < kills_wanted:
-            db = os.path.join(d, f"killed-{rounds}.duckdb")
-            kills, _ = kill_loop(db, "orders", [f"brokers='{broker.bootstrap}'", "checkpoint_interval_ms=5"],
-                                 kills_wanted, 0.08, rng)
-            con = finish(db, "orders", b)
-            lost, doubled, exact = compare(con, ref, messages)
-            assert exact, (lost, doubled)
-            total_kills += kills
-            rounds += 1
-        return row("SIGKILL at random instants (Kafka)", total_kills, messages, lost, doubled, exact,
-                   db + ".streaming_etl.sqlite", f"{rounds} job(s) of {messages} messages, mock broker")
+        kills, rounds, ckpt = kill_rounds(d, "orders", [b], kills_wanted, 0.08, ref, messages, seed=2)
+        return row("SIGKILL at random instants (Kafka)", kills, messages, 0, 0, True, ckpt,
+                   f"{rounds} job(s) of {messages} messages, mock broker")
     finally:
         broker.stop()
         shutil.rmtree(d, ignore_errors=True)
