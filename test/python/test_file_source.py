@@ -58,3 +58,25 @@ def test_partitions_parameter_reads_only_those_files(tmp_path):
     assert con.execute(f"SELECT events_consumed, partitions FROM streaming_etl_run('{pattern}', 1000, 0, partitions := [0, 2], flush := true)").fetchall() == [(2, 2)]
     assert con.execute("SELECT key FROM windows ORDER BY 1").fetchall() == [("k0",), ("k2",)]
     assert con.execute("SELECT partition FROM streaming_etl_checkpoint() ORDER BY 1").fetchall() == [(0,), (2,)]
+
+
+def test_max_runtime_stops_a_run_and_the_next_resumes(tmp_path):
+    import duckdb
+
+    from datagen import generate_sql, scan
+
+    paths = generate_sql(duckdb.connect(), tmp_path / "in", 2_000_000, partitions=2, bad_permille=1)
+    total, _ = scan(paths)
+    con = connect(tmp_path / "db.duckdb")
+    run = f"SELECT events_consumed, status FROM streaming_etl_run('file:{tmp_path}/in/*.ndjson', 1000, 200, max_runtime_ms := 100"
+    first = con.execute(run + ")").fetchall()[-1]
+    assert first[1] == "max_runtime" and 0 < first[0] < total
+    done = first[0]
+    while True:
+        n, status = con.execute(run + ", flush := true)").fetchall()[-1]
+        done += n
+        if status == "caught_up":
+            break
+    assert done == total
+    accounted = con.execute("SELECT (SELECT sum(count) FROM windows) + (SELECT count(*) FROM late_events) + (SELECT count(*) FROM dead_letters)").fetchone()[0]
+    assert accounted == total
