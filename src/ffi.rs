@@ -177,21 +177,6 @@ impl DuckConn {
         self.query(sql).map(|_| ())
     }
 
-    /// The first column of the first row as an integer (None: no row or NULL).
-    pub fn query_i64(&self, sql: &str) -> Result<Option<i64>, String> {
-        let mut r = self.query(sql)?;
-        // SAFETY: `r.res` is a valid result; row 0 / column 0 are checked against its size.
-        unsafe {
-            if sys::duckdb_row_count(&mut r.res) == 0 || sys::duckdb_column_count(&mut r.res) == 0 {
-                return Ok(None);
-            }
-            if sys::duckdb_value_is_null(&mut r.res, 0, 0) {
-                return Ok(None);
-            }
-            Ok(Some(sys::duckdb_value_int64(&mut r.res, 0, 0)))
-        }
-    }
-
     /// How many connections the database has open (its users' and the extension's own).
     pub fn connection_count(&mut self) -> Result<i64, String> {
         if self.count_probe.is_null() {
@@ -227,7 +212,8 @@ impl DuckConn {
     /// The first column of the first row as text (None: no row or NULL).
     pub fn query_string(&self, sql: &str) -> Result<Option<String>, String> {
         let mut r = self.query(sql)?;
-        // SAFETY: as in query_i64; the varchar is freed with duckdb_free.
+        // SAFETY: `r.res` is a valid result; row 0 / column 0 are checked against its size; the
+        // varchar is freed with duckdb_free.
         unsafe {
             if sys::duckdb_row_count(&mut r.res) == 0 || sys::duckdb_column_count(&mut r.res) == 0 {
                 return Ok(None);

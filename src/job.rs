@@ -1,7 +1,7 @@
 //! One run of a job: take the job's lock, restore its state from the checkpoint, finish any
-//! output a killed run left in the outbox, then read in checkpoint cycles (read → commit state
-//! and output to SQLite → apply output to DuckDB → confirm) until the source is caught up or a
-//! limit is reached.
+//! output a killed run left in the outbox, then read in cycles, each handed to the committer
+//! (which makes it durable while the next is read), until the source is caught up or a limit is
+//! reached.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -51,8 +51,8 @@ pub struct RunStats {
     pub open_windows: u64,
     pub partitions: u64,
     pub cycles: u64,
-    pub stop: &'static str,
-    pub done: bool,
+    /// `running` until the last row; then why the run stopped.
+    pub status: &'static str,
 }
 
 pub struct Run {
@@ -401,13 +401,12 @@ impl Run {
             open_windows: self.engine.open_windows() as u64,
             partitions: self.names.len() as u64,
             cycles: self.cycles,
-            stop: match self.stop {
+            status: match self.stop {
                 None | Some(Stop::CycleEnd) => "running",
                 Some(Stop::CaughtUp) => "caught_up",
                 Some(Stop::MaxMessages) => "max_messages",
                 Some(Stop::MaxRuntime) => "max_runtime",
             },
-            done: self.is_done(),
         }
     }
 }

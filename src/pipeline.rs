@@ -106,6 +106,7 @@ impl Engine {
         &self.windows
     }
 
+    #[cfg(test)]
     pub fn output(&self) -> &Batch {
         &self.out
     }
@@ -128,10 +129,6 @@ impl Engine {
                 clock,
             })
             .collect()
-    }
-
-    pub fn partition_watermark_ms(&self, idx: usize) -> Option<i64> {
-        self.marks.partition_watermark_ms(idx)
     }
 
     pub fn set_now(&mut self, now_ms: i64) {

@@ -69,7 +69,7 @@ impl TableFunction for RunFunction {
         out.set_i64(8, 0, n(s.open_windows));
         out.set_i64(9, 0, n(s.partitions));
         out.set_i64(10, 0, n(s.cycles));
-        out.set_str(11, 0, Some(s.stop));
+        out.set_str(11, 0, Some(s.status));
         out.set_len(1);
         if !more {
             // Releases the job lock and the connection before DuckDB asks for the next chunk.

@@ -150,10 +150,6 @@ impl WindowStore {
         }
     }
 
-    pub fn window_ms(&self) -> i64 {
-        self.window_ms
-    }
-
     /// Adds an event to the window starting at `start_ms` for `key`. Allocates only when the
     /// (key, window) pair is new.
     #[inline]

@@ -27,6 +27,13 @@ pub struct Context {
 }
 
 impl Context {
+    fn set_last_error(&self, error: String) {
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(error);
+    }
+
     fn last_error(&self) -> Option<String> {
         self.last_error
             .lock()
@@ -39,10 +46,7 @@ impl ClientContext for Context {
     fn log(&self, _level: rdkafka::config::RDKafkaLogLevel, _fac: &str, _log_message: &str) {}
 
     fn error(&self, error: KafkaError, reason: &str) {
-        *self
-            .last_error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(format!("{error} ({reason})"));
+        self.set_last_error(format!("{error} ({reason})"));
     }
 }
 
@@ -269,12 +273,7 @@ impl Reader {
                     return Err(self.stalled(idx));
                 }
                 if let Some(Err(e)) = self.consumer.poll(Duration::ZERO) {
-                    *self
-                        .consumer
-                        .context()
-                        .last_error
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner) = Some(kafka_error(&e));
+                    self.consumer.context().set_last_error(kafka_error(&e));
                 }
                 self.queues[idx].refill(50);
                 continue;
