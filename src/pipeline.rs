@@ -194,27 +194,26 @@ impl Engine {
     /// Records offsets the source can no longer deliver (deleted by retention before the job
     /// read them), so that they are visible as a dead letter instead of silently skipped.
     pub fn record_gap(&mut self, idx: usize, from: i64, to: i64) {
-        self.counters.dead_letters += 1;
-        self.out.dead.push(DeadRow {
-            partition: self.partitions[idx],
-            offset: from,
-            ingest_time_ms: self.now_ms,
-            raw: Vec::new(),
-            error: format!(
-                "messages at offsets {from} to {} were deleted by the broker (retention) before this job read them",
-                to - 1
-            ),
-        });
+        let error = format!(
+            "messages at offsets {from} to {} were deleted by the broker (retention) before this job read them",
+            to - 1
+        );
+        self.push_dead(self.partitions[idx], from, Vec::new(), error);
     }
 
     fn dead(&mut self, partition: i32, msg: &Message<'_>, e: DecodeError) {
+        let error = self.decoder.describe(e);
+        self.push_dead(partition, msg.offset, msg.payload.to_vec(), error);
+    }
+
+    fn push_dead(&mut self, partition: i32, offset: i64, raw: Vec<u8>, error: String) {
         self.counters.dead_letters += 1;
         self.out.dead.push(DeadRow {
             partition,
-            offset: msg.offset,
+            offset,
             ingest_time_ms: self.now_ms,
-            raw: msg.payload.to_vec(),
-            error: self.decoder.describe(e),
+            raw,
+            error,
         });
     }
 
@@ -262,6 +261,19 @@ pub struct CycleLimits {
     pub run_deadline: Option<Instant>,
     /// The cycle ends once this many late/dead rows are waiting (bounds memory).
     pub max_pending_rows: usize,
+}
+
+impl CycleLimits {
+    /// The stop a clock reading of `now` calls for: the run's deadline first, then the cycle's.
+    fn deadline_passed(&self, now: Instant) -> Option<Stop> {
+        if self.run_deadline.is_some_and(|d| now >= d) {
+            Some(Stop::MaxRuntime)
+        } else if now >= self.cycle_deadline {
+            Some(Stop::CycleEnd)
+        } else {
+            None
+        }
+    }
 }
 
 /// How often (in messages) the clock is read while one partition delivers.
@@ -315,13 +327,8 @@ pub fn read_cycle(
             since_clock += 1;
             if since_clock >= CLOCK_EVERY {
                 since_clock = 0;
-                let now = Instant::now();
-                if limits.run_deadline.is_some_and(|d| now >= d) {
-                    stop = Some(Stop::MaxRuntime);
-                    return false;
-                }
-                if now >= limits.cycle_deadline {
-                    stop = Some(Stop::CycleEnd);
+                stop = limits.deadline_passed(Instant::now());
+                if stop.is_some() {
                     return false;
                 }
                 engine.set_now(wall_ms());
@@ -353,12 +360,8 @@ pub fn read_cycle(
             continue;
         }
         pulls = 0;
-        let now = Instant::now();
-        if limits.run_deadline.is_some_and(|d| now >= d) {
-            return Ok(Stop::MaxRuntime);
-        }
-        if now >= limits.cycle_deadline {
-            return Ok(Stop::CycleEnd);
+        if let Some(s) = limits.deadline_passed(Instant::now()) {
+            return Ok(s);
         }
     }
 }

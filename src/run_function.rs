@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::error::{EtlError, Result};
+use crate::error::Result;
 use crate::ffi::{Args, ColType, Output, TableFunction};
 use crate::host::Host;
 use crate::job::Run;
@@ -75,6 +75,6 @@ impl TableFunction for RunFunction {
             // Releases the job lock and the connection before DuckDB asks for the next chunk.
             state.run = None;
         }
-        Ok::<(), EtlError>(())
+        Ok(())
     }
 }
