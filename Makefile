@@ -1,5 +1,7 @@
-# streaming_etl: build, test, demo and benchmark entry points.
+# streaming_etl: build, install, test, demo and benchmark entry points.
+# Target names follow DuckDB's Rust extension template: configure, debug, release, test.
 # `make` (= `make release`) builds build/release/streaming_etl.duckdb_extension.
+# Every target installs what it needs on a fresh machine (cached after the first time).
 
 EXT        := streaming_etl
 VERSION    := $(shell sed -n 's/^version = "\(.*\)"/v\1/p' Cargo.toml | head -1)
@@ -8,32 +10,52 @@ PLATFORM   ?= linux_$(if $(filter x86_64,$(ARCH)),amd64,$(if $(filter aarch64 ar
 VENV       := .venv
 PY         := $(VENV)/bin/python
 CARGO      ?= cargo
+CARGO_BIN  := $(HOME)/.cargo/bin
 # Hosts the tests load the extension into (PyPI packages).
 DUCKDB_PY  ?= 2.0.1
 DUCKDB_OLD ?= 1.5.6
 DUCKDB_CLI ?= 1.5.6
+TANSU      := $(CARGO_BIN)/tansu
+CARGO_FUZZ := $(CARGO_BIN)/cargo-fuzz
+NEXMARK    := $(CARGO_BIN)/nexmark
+FOOTER     := python3 scripts/append_footer.py
 
-.PHONY: all release debug tools venv test unit sqltest pytest demo demo-kafka bench reliability clean fmt lint
+
+.PHONY: all configure venv release debug fault tools install test test_release test_debug unit sqltest \
+        pytest demo demo-kafka bench reliability clean clean_all fmt lint
 
 all: release
 
+# --- building --------------------------------------------------------------------------------
+
+# The extension users load: no test hooks (the fault-injection feature is off).
 release:
-	$(CARGO) build --release --lib
+	$(CARGO) build --release --lib -p $(EXT)
 	@mkdir -p build/release
-	python3 scripts/append_footer.py target/release/lib$(EXT).so build/release/$(EXT).duckdb_extension $(PLATFORM) $(VERSION)
+	$(FOOTER) target/release/lib$(EXT).so build/release/$(EXT).duckdb_extension $(PLATFORM) $(VERSION)
 
 debug:
-	$(CARGO) build --lib
+	$(CARGO) build --lib -p $(EXT)
 	@mkdir -p build/debug
-	python3 scripts/append_footer.py target/debug/lib$(EXT).so build/debug/$(EXT).duckdb_extension $(PLATFORM) $(VERSION)
+	$(FOOTER) target/debug/lib$(EXT).so build/debug/$(EXT).duckdb_extension $(PLATFORM) $(VERSION)
 
-# The test broker (librdkafka's mock cluster with fault injection).
+# The same extension with its fault-injection hooks, for the reliability tests only.
+fault:
+	$(CARGO) build --release --lib -p $(EXT)_fault
+	@mkdir -p build/fault
+	$(FOOTER) target/release/lib$(EXT)_fault.so build/fault/$(EXT).duckdb_extension $(PLATFORM) $(VERSION)
+
+# The test broker (librdkafka's mock cluster with fault injection) and the core benchmark.
 tools:
 	$(CARGO) build --release -p mock-kafka
 
-# A local virtualenv with the DuckDB hosts: the Python package (current and previous
-# release) and the CLI.
-venv: $(VENV)/.ready
+# --- installing ------------------------------------------------------------------------------
+
+# A local virtualenv with the DuckDB hosts: the Python package (current and previous release),
+# the CLI, and the Kafka client the tests produce with.
+configure: $(VENV)/.ready
+
+venv: configure
 
 $(VENV)/.ready:
 	python3 -m venv $(VENV)
@@ -42,37 +64,69 @@ $(VENV)/.ready:
 	$(VENV)/old/bin/python -m pip install -q "duckdb==$(DUCKDB_OLD)" pytest
 	touch $@
 
-unit:
-	$(CARGO) test --release --lib
+# tansu 0.6.0, the second Kafka-protocol broker of the tests (SQLite storage). A build takes
+# 9-19 minutes on two cores; the binary in ~/.cargo/bin is reused.
+$(TANSU):
+	$(CARGO) install tansu --version 0.6.0 --locked --features libsql
 
-sqltest: release venv
+# cargo-fuzz: the reliability tests fuzz the decoder (stable toolchain, no sanitizer).
+$(CARGO_FUZZ):
+	$(CARGO) install cargo-fuzz --version 0.13.2 --locked
+
+# RisingWave's Nexmark generator, for the benchmark.
+$(NEXMARK):
+	$(CARGO) install nexmark --version 0.2.0 --features bin --locked
+
+# `LOAD streaming_etl;` by name: INSTALL copies the file into the extension directory of each
+# host version the tests use (~/.duckdb/extensions/<version>/<platform>/).
+install: release configure
+	$(VENV)/bin/duckdb -unsigned -c "INSTALL '$(CURDIR)/build/release/$(EXT).duckdb_extension'"
+	$(PY) -c "import duckdb; duckdb.connect(config={'allow_unsigned_extensions': 'true'}).execute(\"INSTALL '$(CURDIR)/build/release/$(EXT).duckdb_extension'\")"
+	$(VENV)/old/bin/python -c "import duckdb; duckdb.connect(config={'allow_unsigned_extensions': 'true'}).execute(\"INSTALL '$(CURDIR)/build/release/$(EXT).duckdb_extension'\")"
+
+# --- testing ---------------------------------------------------------------------------------
+
+unit:
+	$(CARGO) test --release --workspace --exclude $(EXT)_fault
+
+sqltest: release configure
 	$(PY) test/sqllogictest.py build/release/$(EXT).duckdb_extension test/sql
 	$(VENV)/old/bin/python test/sqllogictest.py build/release/$(EXT).duckdb_extension test/sql
 
-pytest: release tools venv
+pytest: release fault tools configure $(TANSU) $(CARGO_FUZZ)
 	$(PY) -m pytest -q test/python
 
 test: unit sqltest pytest
 
-demo: release venv
+test_release: test
+
+test_debug: debug configure
+	$(PY) test/sqllogictest.py build/debug/$(EXT).duckdb_extension test/sql
+
+# --- running ---------------------------------------------------------------------------------
+
+demo: install
 	$(PY) scripts/demo.py
 
-demo-kafka: release tools venv
+demo-kafka: install tools
 	$(PY) scripts/demo_kafka.py
 
-reliability: release tools venv
+reliability: release fault tools configure $(CARGO_FUZZ)
 	$(PY) scripts/reliability.py
 
-bench: release tools venv
-	$(CARGO) build --release --example engine_bench
+bench: release tools configure $(NEXMARK)
+	$(CARGO) build --release -p streaming_etl_core --example engine_bench
 	$(PY) scripts/bench.py
 
 fmt:
-	$(CARGO) fmt
+	$(CARGO) fmt --all
 
 lint:
-	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 clean:
-	rm -rf build target
+	rm -rf build
+
+clean_all: clean
+	rm -rf target $(VENV)

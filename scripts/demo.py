@@ -18,7 +18,6 @@ import duckdb  # noqa: E402
 from datagen import generate_sql  # noqa: E402
 from democli import cli as run_cli  # noqa: E402
 
-EXT = os.path.join(ROOT, "build", "release", "streaming_etl.duckdb_extension")
 DEMO = os.path.join(ROOT, "demo")
 EVENTS = 400_000
 
@@ -34,7 +33,7 @@ def main():
                  late_pct=5, bad_permille=1, skew_ms=3000, skew_partition=3)
     print(f"generated {EVENTS} events in {DEMO}/data/part-{{0..3}}.ndjson "
           "(5% late, 0.1% malformed, partition 3 runs 3 s behind)")
-    load = f"LOAD '{EXT}'; SET streaming_etl_checkpoint = '{DEMO}/demo.ckpt';"
+    load = f"LOAD streaming_etl; SET streaming_etl_checkpoint = '{DEMO}/demo.ckpt';"
     run = "SELECT * FROM streaming_etl_run('file:demo/data/*.ndjson', 1000, 200{})"
     cli(f"{load}\n{run.format(', max_messages := 250000')};", "first run: stops after 250,000 messages")
     cli(f"{load}\n{run.format(', flush := true')};", "second run: resumes from the checkpoint, flushes the last windows")

@@ -20,7 +20,6 @@ from brokers import MockBroker, TansuBroker, produce  # noqa: E402
 from datagen import generate_sql  # noqa: E402
 from democli import cli as run_cli  # noqa: E402
 
-EXT = os.path.join(ROOT, "build", "release", "streaming_etl.duckdb_extension")
 DEMO = os.path.join(ROOT, "demo-kafka")
 EVENTS = 200_000
 
@@ -41,7 +40,7 @@ def main():
         produce(broker.bootstrap, "orders", lines, compression="lz4",
                 key_of=lambda line: line[8:line.index(b'"', 8)] if line.startswith(b'{"key":"') else None)
         print(f"{broker.name} broker on {broker.bootstrap}: produced {EVENTS} events to topic 'orders' (4 partitions)")
-        setup = (f"LOAD '{EXT}';\nSET streaming_etl_brokers = '{broker.bootstrap}';\n"
+        setup = (f"LOAD streaming_etl;\nSET streaming_etl_brokers = '{broker.bootstrap}';\n"
                  f"SET streaming_etl_checkpoint = '{DEMO}/orders.ckpt';")
         cli(f"{setup}\nSELECT * FROM streaming_etl_run('orders', 1000, 200, max_messages := 120000);",
             "first run: stops after 120,000 messages")

@@ -3,13 +3,101 @@
 //! watermarks, open windows, output not yet confirmed in DuckDB, last update, and the lag where
 //! the source knew its end offset (bytes for files, messages for Kafka).
 
-use std::sync::Arc;
+use std::error::Error;
+use std::sync::{Mutex, PoisonError};
 
-use crate::checkpoint::{inspect, CheckpointRow};
-use crate::error::Result;
-use crate::ffi::{Arg, Args, ColType, Output, TableFunction};
-use crate::host::Host;
-use crate::params::{checkpoint_location, CheckpointLocation};
+use duckdb::core::{DataChunkHandle, LogicalTypeHandle};
+use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
+use streaming_etl_core::error::EtlError;
+use streaming_etl_core::rows::{Cell, ColumnType};
+use streaming_etl_runtime::checkpoint::{inspect, CheckpointRow};
+use streaming_etl_runtime::config::CheckpointLocation;
+
+use crate::params::{checkpoint_job, checkpoint_location, CHECKPOINT_PARAMS};
+use crate::result::{add_columns, write_row, ResultColumn};
+use crate::{contained, sys};
+
+fn opt(v: Option<i64>) -> Cell<'static> {
+    v.map_or(Cell::Null, Cell::I64)
+}
+
+pub const CHECKPOINT_COLUMNS: &[ResultColumn<CheckpointRow>] = &[
+    ResultColumn {
+        name: "job",
+        ty: ColumnType::Varchar,
+        get: |r| Cell::Str(&r.job),
+    },
+    ResultColumn {
+        name: "topic",
+        ty: ColumnType::Varchar,
+        get: |r| Cell::Str(&r.source),
+    },
+    ResultColumn {
+        name: "partition",
+        ty: ColumnType::Integer,
+        get: |r| r.partition.map_or(Cell::Null, Cell::I32),
+    },
+    ResultColumn {
+        name: "file",
+        ty: ColumnType::Varchar,
+        get: |r| r.name.as_deref().map_or(Cell::Null, Cell::Str),
+    },
+    ResultColumn {
+        name: "next_offset",
+        ty: ColumnType::BigInt,
+        get: |r| opt(r.next_offset),
+    },
+    ResultColumn {
+        name: "max_event_time_ms",
+        ty: ColumnType::BigInt,
+        get: |r| opt(r.max_event_time_ms),
+    },
+    ResultColumn {
+        name: "partition_watermark_ms",
+        ty: ColumnType::BigInt,
+        get: |r| opt(r.partition_watermark_ms),
+    },
+    ResultColumn {
+        name: "global_watermark_ms",
+        ty: ColumnType::BigInt,
+        get: |r| opt(r.global_watermark_ms),
+    },
+    ResultColumn {
+        name: "open_windows",
+        ty: ColumnType::BigInt,
+        get: |r| Cell::I64(r.open_windows),
+    },
+    ResultColumn {
+        name: "pending_batches",
+        ty: ColumnType::BigInt,
+        get: |r| Cell::I64(r.pending_batches),
+    },
+    ResultColumn {
+        name: "end_offset",
+        ty: ColumnType::BigInt,
+        get: |r| opt(r.end_offset),
+    },
+    ResultColumn {
+        name: "lag",
+        ty: ColumnType::BigInt,
+        get: |r| opt(r.lag),
+    },
+    ResultColumn {
+        name: "window_ms",
+        ty: ColumnType::BigInt,
+        get: |r| Cell::I64(r.window_ms),
+    },
+    ResultColumn {
+        name: "lateness_ms",
+        ty: ColumnType::BigInt,
+        get: |r| Cell::I64(r.lateness_ms),
+    },
+    ResultColumn {
+        name: "last_update_ms",
+        ty: ColumnType::BigInt,
+        get: |r| Cell::I64(r.last_update_ms),
+    },
+];
 
 pub struct CheckpointFunction;
 
@@ -19,76 +107,65 @@ pub struct Inspect {
 }
 
 pub struct Rows {
-    rows: Vec<CheckpointRow>,
-    next: usize,
+    rows: Mutex<Option<(Vec<CheckpointRow>, usize)>>,
 }
 
-impl TableFunction for CheckpointFunction {
-    type Bind = Inspect;
-    type State = Rows;
-    const NAME: &'static str = "streaming_etl_checkpoint";
-    const PARAMETERS: &'static [ColType] = &[];
-    const NAMED_PARAMETERS: &'static [(&'static str, ColType)] =
-        &[("checkpoint", ColType::Varchar), ("job", ColType::Varchar)];
-    const COLUMNS: &'static [(&'static str, ColType)] = &[
-        ("job", ColType::Varchar),
-        ("topic", ColType::Varchar),
-        ("partition", ColType::Integer),
-        ("file", ColType::Varchar),
-        ("next_offset", ColType::BigInt),
-        ("max_event_time_ms", ColType::BigInt),
-        ("partition_watermark_ms", ColType::BigInt),
-        ("global_watermark_ms", ColType::BigInt),
-        ("open_windows", ColType::BigInt),
-        ("pending_batches", ColType::BigInt),
-        ("end_offset", ColType::BigInt),
-        ("lag", ColType::BigInt),
-        ("window_ms", ColType::BigInt),
-        ("lateness_ms", ColType::BigInt),
-        ("last_update_ms", ColType::BigInt),
-    ];
+impl VTab for CheckpointFunction {
+    type InitData = Rows;
+    type BindData = Inspect;
 
-    fn bind(args: &dyn Args, host: &Arc<Host>) -> Result<Self::Bind> {
-        crate::testing::panic_point("checkpoint-bind");
-        let job = match args.named("job") {
-            Some(Arg::Text(j)) => Some(j),
-            _ => None,
-        };
-        Ok(Inspect {
-            location: checkpoint_location(args, host.db_path())?,
-            job,
-        })
+    fn bind(bind: &BindInfo) -> Result<Inspect, Box<dyn Error>> {
+        Ok(contained(|| {
+            streaming_etl_runtime::fault::panic_point("checkpoint-bind");
+            let host = sys::bind_host(bind).ok_or(EtlError::Detached)?;
+            host.touch();
+            let inspect = Inspect {
+                location: checkpoint_location(bind, host.db_path())?,
+                job: checkpoint_job(bind)?,
+            };
+            add_columns(bind, CHECKPOINT_COLUMNS);
+            Ok(inspect)
+        })?)
     }
 
-    fn init(bind: &Self::Bind, host: &Arc<Host>) -> Result<Self::State> {
+    fn init(init: &InitInfo) -> Result<Rows, Box<dyn Error>> {
+        init.set_max_threads(1);
         Ok(Rows {
-            rows: inspect(&bind.location, host, bind.job.as_deref())?,
-            next: 0,
+            rows: Mutex::new(None),
         })
     }
 
-    fn produce(_bind: &Self::Bind, state: &mut Self::State, out: &mut Output<'_>) -> Result<()> {
-        let rows = &state.rows[state.next..];
-        let n = rows.len().min(out.capacity());
-        for (i, r) in rows[..n].iter().enumerate() {
-            out.set_str(0, i, Some(&r.job));
-            out.set_str(1, i, Some(&r.source));
-            out.set_i32(2, i, r.partition);
-            out.set_str(3, i, r.name.as_deref());
-            out.set_i64(4, i, r.next_offset);
-            out.set_i64(5, i, r.max_event_time_ms);
-            out.set_i64(6, i, r.partition_watermark_ms);
-            out.set_i64(7, i, r.global_watermark_ms);
-            out.set_i64(8, i, Some(r.open_windows));
-            out.set_i64(9, i, Some(r.pending_batches));
-            out.set_i64(10, i, r.end_offset);
-            out.set_i64(11, i, r.lag);
-            out.set_i64(12, i, Some(r.window_ms));
-            out.set_i64(13, i, Some(r.lateness_ms));
-            out.set_i64(14, i, Some(r.last_update_ms));
-        }
-        out.set_len(n);
-        state.next += n;
-        Ok(())
+    fn func(
+        func: &TableFunctionInfo<Self>,
+        output: &mut DataChunkHandle,
+    ) -> Result<(), Box<dyn Error>> {
+        Ok(contained(|| {
+            let mut slot = func
+                .get_init_data()
+                .rows
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if slot.is_none() {
+                let host = sys::func_host(func).ok_or(EtlError::Detached)?;
+                let bind = func.get_bind_data();
+                let memory = host.existing_memory_checkpoint();
+                *slot = Some((inspect(&bind.location, memory, bind.job.as_deref())?, 0));
+            }
+            let Some((rows, next)) = slot.as_mut() else {
+                return Ok(());
+            };
+            let capacity = output.flat_vector(0).capacity();
+            let n = (rows.len() - *next).min(capacity);
+            for (i, r) in rows[*next..*next + n].iter().enumerate() {
+                write_row(output, i, CHECKPOINT_COLUMNS, r)?;
+            }
+            output.set_len(n);
+            *next += n;
+            Ok(())
+        })?)
+    }
+
+    fn named_parameters() -> Option<Vec<(String, LogicalTypeHandle)>> {
+        Some(crate::named_parameters(CHECKPOINT_PARAMS))
     }
 }

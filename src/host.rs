@@ -5,13 +5,14 @@
 //! connection → database): its file lock held, its WAL never checkpointed, and a reopen in the
 //! same process spinning in DuckDB's instance cache.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::error::{EtlError, Result};
-use crate::ffi::DuckConn;
+use duckdb::Connection;
+use streaming_etl_core::error::{EtlError, Result};
+use streaming_etl_runtime::checkpoint::Checkpoint;
+use streaming_etl_runtime::lock::MemoryLocks;
 
 /// Connections opened at load time; more runs at once wait for one to be free.
 pub const POOL_SIZE: usize = 4;
@@ -29,7 +30,7 @@ fn watch_interval(idle_for: Duration) -> Duration {
 }
 
 pub struct Host {
-    pool: Mutex<Vec<DuckConn>>,
+    pool: Mutex<Vec<Connection>>,
     freed: Condvar,
     /// Connections the extension holds (the pool may shrink to one, see release_if_unused).
     size: AtomicUsize,
@@ -39,9 +40,9 @@ pub struct Host {
     /// The database file, or None for an in-memory database.
     db_path: Option<String>,
     /// The in-memory checkpoint of an in-memory database (lives as long as the database).
-    memory_checkpoint: Mutex<Option<Arc<Mutex<rusqlite::Connection>>>>,
+    memory_checkpoint: Mutex<Option<Checkpoint>>,
     /// Jobs running against the in-memory checkpoint (file checkpoints use file locks).
-    memory_jobs: Mutex<HashSet<String>>,
+    memory_locks: Arc<MemoryLocks>,
 }
 
 /// Held by a watcher while it talks to DuckDB; taken for good when the process exits, so that
@@ -69,8 +70,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Host {
     /// Takes the connections opened at load time and starts the watcher.
-    pub fn start(conns: Vec<DuckConn>, db_path: Option<String>) -> Arc<Host> {
-        AT_EXIT.call_once(|| crate::ffi::at_exit(on_exit));
+    pub fn start(conns: Vec<Connection>, db_path: Option<String>) -> Arc<Host> {
+        AT_EXIT.call_once(|| crate::os::at_exit(on_exit));
         let host = Arc::new(Host {
             size: AtomicUsize::new(conns.len()),
             pool: Mutex::new(conns),
@@ -79,7 +80,7 @@ impl Host {
             last_activity: Mutex::new(Instant::now()),
             db_path,
             memory_checkpoint: Mutex::new(None),
-            memory_jobs: Mutex::new(HashSet::new()),
+            memory_locks: Arc::new(MemoryLocks::default()),
         });
         let watched = Arc::clone(&host);
         let spawned = std::thread::Builder::new()
@@ -130,15 +131,15 @@ impl Host {
         if pool.len() < size || pool.is_empty() {
             return false;
         }
-        if !matches!(pool[0].connection_count(), Ok(n) if n <= size as i64) {
+        if !matches!(connection_count(&pool[0]), Ok(n) if n <= size as i64) {
             return false;
         }
-        let Some(mut last) = pool.pop() else {
+        let Some(last) = pool.pop() else {
             return false;
         };
         drop(std::mem::take(&mut *pool));
         self.size.store(1, Ordering::SeqCst);
-        if !matches!(last.connection_count(), Ok(1)) {
+        if !matches!(connection_count(&last), Ok(1)) {
             pool.push(last);
             return false;
         }
@@ -147,7 +148,7 @@ impl Host {
         // Dropping the last connection closes the database (checkpoint, file lock) here,
         // outside the pool lock. Registering the exit handler again first makes an exit that
         // races this close wait for it, before DuckDB's statics created since load are gone.
-        crate::ffi::at_exit(on_exit);
+        crate::os::at_exit(on_exit);
         drop(last);
         self.freed.notify_all();
         true
@@ -179,43 +180,42 @@ impl Host {
         }
     }
 
-    /// The in-memory checkpoint database of this (in-memory) database, created on first use.
-    pub fn memory_checkpoint(
-        &self,
-        open: impl FnOnce() -> Result<rusqlite::Connection>,
-    ) -> Result<Arc<Mutex<rusqlite::Connection>>> {
+    /// The in-memory checkpoint of this (in-memory) database, created on first use.
+    pub fn memory_checkpoint(&self) -> Result<Checkpoint> {
         let mut slot = lock(&self.memory_checkpoint);
         if let Some(c) = slot.as_ref() {
-            return Ok(Arc::clone(c));
+            return Ok(c.clone());
         }
-        let c = Arc::new(Mutex::new(open()?));
-        *slot = Some(Arc::clone(&c));
+        let c = Checkpoint::open_memory()?;
+        *slot = Some(c.clone());
         Ok(c)
     }
 
     /// The in-memory checkpoint, if a run has created it.
-    pub fn existing_memory_checkpoint(&self) -> Option<Arc<Mutex<rusqlite::Connection>>> {
+    pub fn existing_memory_checkpoint(&self) -> Option<Checkpoint> {
         lock(&self.memory_checkpoint).clone()
     }
 
-    /// Marks `job` as running against the in-memory checkpoint; false if it already is.
-    pub fn claim_memory_job(&self, job: &str) -> bool {
-        lock(&self.memory_jobs).insert(job.to_string())
+    /// The jobs running against the in-memory checkpoint.
+    pub fn memory_locks(&self) -> &Arc<MemoryLocks> {
+        &self.memory_locks
     }
+}
 
-    pub fn release_memory_job(&self, job: &str) {
-        lock(&self.memory_jobs).remove(job);
-    }
+/// How many connections the database has open (its users' and the extension's own).
+fn connection_count(conn: &Connection) -> duckdb::Result<i64> {
+    conn.prepare_cached("SELECT count FROM duckdb_connection_count()")?
+        .query_row([], |r| r.get(0))
 }
 
 /// A connection borrowed from the pool, returned on drop.
 pub struct PooledConn {
     host: Arc<Host>,
-    conn: Option<DuckConn>,
+    conn: Option<Connection>,
 }
 
 impl PooledConn {
-    pub fn conn(&self) -> Result<&DuckConn> {
+    pub fn conn(&self) -> Result<&Connection> {
         self.conn.as_ref().ok_or(EtlError::Detached)
     }
 }
@@ -224,7 +224,7 @@ impl Drop for PooledConn {
     fn drop(&mut self) {
         if let Some(c) = self.conn.take() {
             // Leave no transaction open on a pooled connection (a failed cycle may have).
-            let _ = c.execute("ROLLBACK");
+            let _ = c.execute_batch("ROLLBACK");
             *lock(&self.host.last_activity) = Instant::now();
             lock(&self.host.pool).push(c);
             self.host.freed.notify_one();

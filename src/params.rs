@@ -1,58 +1,293 @@
-//! The arguments of `streaming_etl_run` and `streaming_etl_checkpoint`, parsed and checked in
-//! one place at bind time, before any connection, file or broker is touched. Every error names
-//! the parameter and the value it got.
+//! The settings and the parameters of the SQL functions, each declared once in a table (name,
+//! type, default, meaning) from which registration, parsing and the README's parameter table
+//! follow; and the parsing itself, done in one place at bind time before any connection, file or
+//! broker is touched. Every error names the parameter and the value it got.
 
-use crate::decode::FieldPath;
-use crate::error::{EtlError, Result};
-use crate::ffi::{Arg, Args, ColType};
-use crate::state::JobSettings;
+use std::collections::BTreeMap;
+
+use streaming_etl_core::decode::FieldPath;
+use streaming_etl_core::error::{EtlError, Result};
+use streaming_etl_core::pipeline::{EngineConfig, TimeSpec};
+use streaming_etl_core::state::JobSettings;
+use streaming_etl_runtime::config::{CheckpointLocation, JobConfig};
+use streaming_etl_runtime::sink::Tables;
+
+use crate::args::{shown, Arg, Args};
+
+/// A setting registered with DuckDB (`SET name = '...'`): name, default, description.
+pub struct Setting {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub description: &'static str,
+}
 
 pub const SETTING_BROKERS: &str = "streaming_etl_brokers";
 pub const SETTING_CHECKPOINT: &str = "streaming_etl_checkpoint";
 pub const DEFAULT_BROKERS: &str = "localhost:9092";
-/// Bound on reaching the brokers and on waiting for a partition, so a run never hangs.
-pub const DEFAULT_KAFKA_TIMEOUT_MS: i64 = 15_000;
 
-/// Named parameters of `streaming_etl_run`.
-pub const RUN_NAMED: &[(&str, ColType)] = &[
-    ("brokers", ColType::Varchar),
-    ("group_id", ColType::Varchar),
-    ("job", ColType::Varchar),
-    ("key_field", ColType::Varchar),
-    ("time_field", ColType::Varchar),
-    ("value_field", ColType::Varchar),
-    ("windows_table", ColType::Varchar),
-    ("late_table", ColType::Varchar),
-    ("dead_letter_table", ColType::Varchar),
-    ("max_messages", ColType::BigInt),
-    ("max_runtime_ms", ColType::BigInt),
-    ("idle_timeout_ms", ColType::BigInt),
-    ("flush", ColType::Boolean),
-    ("partitions", ColType::IntegerList),
-    ("kafka", ColType::VarcharMap),
-    ("checkpoint", ColType::Varchar),
-    ("checkpoint_interval_ms", ColType::BigInt),
-    ("timeout_ms", ColType::BigInt),
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        name: SETTING_BROKERS,
+        default: DEFAULT_BROKERS,
+        description: "Kafka bootstrap servers for streaming_etl_run (host:port[,host:port...])",
+    },
+    Setting {
+        name: SETTING_CHECKPOINT,
+        default: "",
+        description: "SQLite checkpoint file of streaming_etl jobs (default: <database file>.streaming_etl.sqlite; ':memory:' for one that lives as long as the database)",
+    },
 ];
 
-/// Where a job's checkpoint lives.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CheckpointLocation {
-    File(String),
-    /// In memory, for as long as the database is open (not crash-safe).
-    Memory,
+/// Bound on reaching the brokers and on waiting for a partition, so a run never hangs.
+pub const DEFAULT_KAFKA_TIMEOUT_MS: i64 = 15_000;
+pub const DEFAULT_CHECKPOINT_INTERVAL_MS: i64 = 1000;
+
+/// The SQL type of a parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamType {
+    Varchar,
+    BigInt,
+    Boolean,
+    IntegerList,
+    #[allow(dead_code)] // group_by and aggregates (next change)
+    VarcharList,
+    VarcharMap,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SourceSpec {
-    Files { pattern: String },
-    Kafka { topic: String },
+impl ParamType {
+    #[cfg(test)]
+    pub fn sql(self) -> &'static str {
+        match self {
+            ParamType::Varchar => "VARCHAR",
+            ParamType::BigInt => "BIGINT",
+            ParamType::Boolean => "BOOLEAN",
+            ParamType::IntegerList => "INTEGER[]",
+            ParamType::VarcharList => "VARCHAR[]",
+            ParamType::VarcharMap => "MAP(VARCHAR, VARCHAR)",
+        }
+    }
+}
+
+/// The named parameters, by identity (so a parser cannot misspell one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum P {
+    Job,
+    KeyField,
+    TimeField,
+    ValueField,
+    WindowsTable,
+    LateTable,
+    DeadLetterTable,
+    MaxMessages,
+    MaxRuntimeMs,
+    IdleTimeoutMs,
+    Flush,
+    Partitions,
+    Checkpoint,
+    CheckpointIntervalMs,
+    Brokers,
+    GroupId,
+    Kafka,
+    TimeoutMs,
+}
+
+/// One named parameter.
+pub struct Param {
+    pub id: P,
+    pub name: &'static str,
+    pub ty: ParamType,
+    /// The default as the README shows it (the README's table is checked against these).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub default: &'static str,
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub meaning: &'static str,
+    /// Applies to a Kafka topic only (an error on a file source).
+    pub kafka_only: bool,
+}
+
+const fn param(
+    id: P,
+    name: &'static str,
+    ty: ParamType,
+    default: &'static str,
+    meaning: &'static str,
+) -> Param {
+    Param {
+        id,
+        name,
+        ty,
+        default,
+        meaning,
+        kafka_only: false,
+    }
+}
+
+const fn kafka(
+    id: P,
+    name: &'static str,
+    ty: ParamType,
+    default: &'static str,
+    meaning: &'static str,
+) -> Param {
+    Param {
+        id,
+        name,
+        ty,
+        default,
+        meaning,
+        kafka_only: true,
+    }
+}
+
+/// The named parameters of `streaming_etl_run`.
+pub const RUN_PARAMS: &[Param] = &[
+    param(P::Job, "job", ParamType::Varchar, "the `topic` argument", "name the job's state is kept under in the checkpoint"),
+    param(P::KeyField, "key_field", ParamType::Varchar, "`key`", "dotted path of the key (string or number; Kafka: the message key when absent)"),
+    param(P::TimeField, "time_field", ParamType::Varchar, "`event_time_ms`", "dotted path of the event time, integer epoch milliseconds"),
+    param(P::ValueField, "value_field", ParamType::Varchar, "`payload.value`", "dotted path of the number aggregated (missing or null: counted only)"),
+    param(P::WindowsTable, "windows_table", ParamType::Varchar, "`windows`", "output table of closed windows (`schema.table`, `catalog.schema.table`, quoted names allowed)"),
+    param(P::LateTable, "late_table", ParamType::Varchar, "`late_events`", "output table of late events"),
+    param(P::DeadLetterTable, "dead_letter_table", ParamType::Varchar, "`dead_letters`", "output table of rejected messages"),
+    param(P::MaxMessages, "max_messages", ParamType::BigInt, "none", "stop after this many messages"),
+    param(P::MaxRuntimeMs, "max_runtime_ms", ParamType::BigInt, "none", "stop after this long"),
+    param(P::IdleTimeoutMs, "idle_timeout_ms", ParamType::BigInt, "none", "a partition silent this long (wall clock) stops holding the watermark back"),
+    param(P::Flush, "flush", ParamType::Boolean, "false", "once caught up, close every open window (bounded input)"),
+    param(P::Partitions, "partitions", ParamType::IntegerList, "all", "read only these partitions (split a topic between processes)"),
+    param(P::Checkpoint, "checkpoint", ParamType::Varchar, "the setting", "checkpoint file for this call"),
+    param(P::CheckpointIntervalMs, "checkpoint_interval_ms", ParamType::BigInt, "1000", "length of a checkpoint cycle (one result row per cycle)"),
+    kafka(P::Brokers, "brokers", ParamType::Varchar, "the setting", "Kafka only: bootstrap servers"),
+    kafka(P::GroupId, "group_id", ParamType::Varchar, "`streaming_etl-<job>`", "Kafka only: consumer group the offsets are committed to"),
+    kafka(P::Kafka, "kafka", ParamType::VarcharMap, "none", "Kafka only: librdkafka properties, passed through (security, tuning)"),
+    kafka(P::TimeoutMs, "timeout_ms", ParamType::BigInt, "15000", "Kafka only: bound on reaching the brokers and on waiting for a partition"),
+];
+
+/// The named parameters of `streaming_etl_checkpoint`.
+pub const CHECKPOINT_PARAMS: &[Param] = &[
+    param(
+        P::Checkpoint,
+        "checkpoint",
+        ParamType::Varchar,
+        "the setting",
+        "checkpoint file to read",
+    ),
+    param(
+        P::Job,
+        "job",
+        ParamType::Varchar,
+        "all jobs",
+        "show only this job",
+    ),
+];
+
+/// The README's table of a function's named parameters.
+#[cfg(test)]
+pub fn markdown_table(params: &[Param]) -> String {
+    let mut s = String::from("| parameter | type | default | meaning |\n|---|---|---|---|\n");
+    for p in params {
+        s.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            p.name,
+            p.ty.sql(),
+            p.default,
+            p.meaning
+        ));
+    }
+    s
+}
+
+/// The named arguments a call was given (NULL counts as not given).
+struct Given<'a> {
+    table: &'a [Param],
+    values: Vec<(P, Arg)>,
+}
+
+impl<'a> Given<'a> {
+    fn read(args: &dyn Args, table: &'a [Param]) -> Given<'a> {
+        let values = table
+            .iter()
+            .filter_map(|p| match args.named(p.name) {
+                None | Some(Arg::Null) => None,
+                Some(a) => Some((p.id, a)),
+            })
+            .collect();
+        Given { table, values }
+    }
+
+    fn name(&self, id: P) -> &'static str {
+        self.table
+            .iter()
+            .find(|p| p.id == id)
+            .map_or("?", |p| p.name)
+    }
+
+    fn get(&self, id: P) -> Option<&Arg> {
+        self.values.iter().find(|(p, _)| *p == id).map(|(_, a)| a)
+    }
+
+    fn text(&self, id: P) -> Result<Option<String>> {
+        match self.get(id) {
+            None => Ok(None),
+            Some(Arg::Text(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(EtlError::invalid(
+                self.name(id),
+                "must be text",
+                shown(other),
+            )),
+        }
+    }
+
+    fn positive(&self, id: P) -> Result<Option<i64>> {
+        match self.get(id) {
+            None => Ok(None),
+            Some(Arg::Int(i)) if *i > 0 => Ok(Some(*i)),
+            Some(Arg::Int(i)) => Err(EtlError::invalid(self.name(id), "must be > 0", i)),
+            Some(other) => Err(EtlError::invalid(
+                self.name(id),
+                "must be an integer",
+                shown(other),
+            )),
+        }
+    }
+
+    fn boolean(&self, id: P) -> Result<Option<bool>> {
+        match self.get(id) {
+            None => Ok(None),
+            Some(Arg::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(EtlError::invalid(
+                self.name(id),
+                "must be a BOOLEAN",
+                shown(other),
+            )),
+        }
+    }
+
+    fn field(&self, id: P, default: &str) -> Result<FieldPath> {
+        let text = self.text(id)?.unwrap_or_else(|| default.to_string());
+        FieldPath::parse(&text).ok_or_else(|| {
+            EtlError::invalid(
+                self.name(id),
+                "must be a field name or a dotted path such as payload.value",
+                format!("'{text}'"),
+            )
+        })
+    }
+
+    fn table(&self, id: P, default: &str) -> Result<TableName> {
+        let text = self.text(id)?.unwrap_or_else(|| default.to_string());
+        TableName::parse(&text).ok_or_else(|| {
+            EtlError::invalid(
+                self.name(id),
+                "must be a table name, optionally qualified as schema.table or catalog.schema.table",
+                format!("'{text}'"),
+            )
+        })
+    }
 }
 
 /// A table name, possibly qualified (`schema.table`, `catalog.schema.table`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableName {
-    parts: Vec<String>,
+    pub parts: Vec<String>,
 }
 
 impl TableName {
@@ -103,17 +338,21 @@ impl TableName {
     pub fn sql(&self) -> String {
         self.parts
             .iter()
-            .map(|p| format!("\"{}\"", p.replace('"', "\"\"")))
+            .map(|p| quote_ident(p))
             .collect::<Vec<_>>()
             .join(".")
     }
 }
 
+/// An identifier in double quotes.
+pub fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tables {
-    pub windows: TableName,
-    pub late: TableName,
-    pub dead: TableName,
+pub enum SourceSpec {
+    Files { pattern: String },
+    Kafka { topic: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,128 +364,37 @@ pub struct KafkaParams {
     pub timeout_ms: i64,
 }
 
-/// Everything a run needs, validated.
+/// Everything `streaming_etl_run` was asked to do, validated.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RunConfig {
-    /// The `topic` argument as given; also the `topic` column of late events and dead letters.
-    pub topic: String,
+pub struct RunPlan {
+    pub job: JobConfig,
     pub source: SourceSpec,
-    pub job: String,
-    pub window_ms: i64,
-    pub lateness_ms: i64,
-    pub key_field: FieldPath,
-    pub time_field: FieldPath,
-    pub value_field: FieldPath,
-    pub tables: Tables,
-    pub max_messages: Option<u64>,
-    pub max_runtime_ms: Option<i64>,
-    pub idle_timeout_ms: Option<i64>,
-    pub flush: bool,
-    pub partitions: Option<Vec<i32>>,
     pub kafka: KafkaParams,
-    pub checkpoint: CheckpointLocation,
-    pub checkpoint_interval_ms: i64,
-}
-
-impl RunConfig {
-    pub fn settings(&self) -> JobSettings {
-        JobSettings {
-            source: self.topic.clone(),
-            window_ms: self.window_ms,
-            lateness_ms: self.lateness_ms,
-            key_field: self.key_field.as_str().to_string(),
-            time_field: self.time_field.as_str().to_string(),
-            value_field: self.value_field.as_str().to_string(),
-        }
-    }
-}
-
-/// How a value is shown in an error message.
-fn shown(a: &Arg) -> String {
-    match a {
-        Arg::Null => "NULL".into(),
-        Arg::Bool(b) => b.to_string(),
-        Arg::Int(i) => i.to_string(),
-        Arg::Text(s) => format!("'{s}'"),
-        Arg::List(items) => format!(
-            "[{}]",
-            items.iter().map(shown).collect::<Vec<_>>().join(", ")
-        ),
-        Arg::Map(items) => format!(
-            "{{{}}}",
-            items
-                .iter()
-                .map(|(k, v)| format!("{}: {}", shown(k), shown(v)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
+    pub partitions: Option<Vec<i32>>,
 }
 
 fn required_int(name: &'static str, a: Option<Arg>) -> Result<i64> {
     match a {
         Some(Arg::Int(i)) => Ok(i),
+        Some(Arg::Null) => Err(EtlError::invalid(name, "must not be NULL", "NULL")),
         Some(other) => Err(EtlError::invalid(name, "must be an integer", shown(&other))),
         None => Err(EtlError::invalid(name, "is required", "nothing")),
     }
-}
-
-/// An optional named value; NULL counts as not given.
-fn optional(a: Option<Arg>) -> Option<Arg> {
-    a.filter(|a| *a != Arg::Null)
-}
-
-fn opt_text(name: &'static str, a: Option<Arg>) -> Result<Option<String>> {
-    match optional(a) {
-        None => Ok(None),
-        Some(Arg::Text(s)) => Ok(Some(s)),
-        Some(other) => Err(EtlError::invalid(name, "must be text", shown(&other))),
-    }
-}
-
-fn opt_positive(name: &'static str, a: Option<Arg>) -> Result<Option<i64>> {
-    match optional(a) {
-        None => Ok(None),
-        Some(Arg::Int(i)) if i > 0 => Ok(Some(i)),
-        Some(Arg::Int(i)) => Err(EtlError::invalid(name, "must be > 0", i)),
-        Some(other) => Err(EtlError::invalid(name, "must be an integer", shown(&other))),
-    }
-}
-
-fn field(name: &'static str, a: Option<Arg>, default: &str) -> Result<FieldPath> {
-    let text = opt_text(name, a)?.unwrap_or_else(|| default.to_string());
-    FieldPath::parse(&text).ok_or_else(|| {
-        EtlError::invalid(
-            name,
-            "must be a field name or a dotted path such as payload.value",
-            format!("'{text}'"),
-        )
-    })
-}
-
-fn table(name: &'static str, a: Option<Arg>, default: &str) -> Result<TableName> {
-    let text = opt_text(name, a)?.unwrap_or_else(|| default.to_string());
-    TableName::parse(&text).ok_or_else(|| {
-        EtlError::invalid(
-            name,
-            "must be a table name, optionally qualified as schema.table or catalog.schema.table",
-            format!("'{text}'"),
-        )
-    })
 }
 
 /// Resolves the checkpoint location: the `checkpoint` argument, else the
 /// `streaming_etl_checkpoint` setting, else next to the database file (in memory for an
 /// in-memory database).
 pub fn checkpoint_location(args: &dyn Args, db_path: Option<&str>) -> Result<CheckpointLocation> {
-    let given = match opt_text("checkpoint", args.named("checkpoint"))? {
+    let given = Given::read(args, CHECKPOINT_PARAMS);
+    let chosen = match given.text(P::Checkpoint)? {
         Some(p) => Some(p),
         None => match args.setting(SETTING_CHECKPOINT) {
             Some(Arg::Text(s)) => Some(s),
             _ => None,
         },
     };
-    Ok(match given.filter(|p| !p.trim().is_empty()) {
+    Ok(match chosen.filter(|p| !p.trim().is_empty()) {
         Some(p) if p == ":memory:" => CheckpointLocation::Memory,
         Some(p) => CheckpointLocation::File(p),
         None => match db_path {
@@ -256,8 +404,12 @@ pub fn checkpoint_location(args: &dyn Args, db_path: Option<&str>) -> Result<Che
     })
 }
 
-/// Parses and checks the arguments of `streaming_etl_run`.
-pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunConfig> {
+/// The `job` argument of `streaming_etl_checkpoint`.
+pub fn checkpoint_job(args: &dyn Args) -> Result<Option<String>> {
+    Given::read(args, CHECKPOINT_PARAMS).text(P::Job)
+}
+
+fn parse_topic(args: &dyn Args) -> Result<(String, SourceSpec)> {
     let topic = match args.positional(0) {
         Some(Arg::Text(t)) if !t.trim().is_empty() => t,
         Some(other) => {
@@ -297,145 +449,63 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunConfig> {
             }
         }
     };
-    let window_ms = match args.positional(1) {
-        Some(Arg::Null) => return Err(EtlError::invalid("window_ms", "must not be NULL", "NULL")),
-        other => required_int("window_ms", other)?,
-    };
-    if window_ms <= 0 {
-        return Err(EtlError::invalid("window_ms", "must be > 0", window_ms));
-    }
-    let lateness_ms = match args.positional(2) {
-        Some(Arg::Null) => {
-            return Err(EtlError::invalid("lateness_ms", "must not be NULL", "NULL"))
+    Ok((topic, source))
+}
+
+fn parse_partitions(given: &Given<'_>) -> Result<Option<Vec<i32>>> {
+    let name = given.name(P::Partitions);
+    let items = match given.get(P::Partitions) {
+        None => return Ok(None),
+        Some(Arg::List(items)) => items,
+        Some(other) => {
+            return Err(EtlError::invalid(
+                name,
+                "must be a list of partition numbers such as [0, 1]",
+                shown(other),
+            ))
         }
-        other => required_int("lateness_ms", other)?,
     };
-    if lateness_ms < 0 {
+    let shown_list = shown(&Arg::List(items.clone()));
+    if items.is_empty() {
         return Err(EtlError::invalid(
-            "lateness_ms",
-            "must be >= 0",
-            lateness_ms,
+            name,
+            "must list at least one partition",
+            shown_list,
         ));
     }
-
-    let is_kafka = matches!(source, SourceSpec::Kafka { .. });
-    if !is_kafka {
-        for name in ["brokers", "group_id", "kafka", "timeout_ms"] {
-            if let Some(a) = optional(args.named(name)) {
+    let mut out = Vec::with_capacity(items.len());
+    for it in items {
+        match it {
+            Arg::Int(p) if (0..=i64::from(i32::MAX)).contains(p) => out.push(*p as i32),
+            _ => {
                 return Err(EtlError::invalid(
                     name,
-                    "applies to a Kafka topic, not to a file: source",
-                    shown(&a),
-                ));
+                    "must be partition numbers >= 0",
+                    shown_list,
+                ))
             }
         }
     }
-
-    let job = opt_text("job", args.named("job"))?.unwrap_or_else(|| topic.clone());
-    if job.trim().is_empty() {
+    let mut sorted = out.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if sorted.len() != out.len() {
         return Err(EtlError::invalid(
-            "job",
-            "must not be empty",
-            format!("'{job}'"),
+            name,
+            "must not repeat a partition",
+            shown_list,
         ));
     }
+    Ok(Some(sorted))
+}
 
-    let key_field = field("key_field", args.named("key_field"), "key")?;
-    let time_field = field("time_field", args.named("time_field"), "event_time_ms")?;
-    let value_field = field("value_field", args.named("value_field"), "payload.value")?;
-
-    let tables = Tables {
-        windows: table("windows_table", args.named("windows_table"), "windows")?,
-        late: table("late_table", args.named("late_table"), "late_events")?,
-        dead: table(
-            "dead_letter_table",
-            args.named("dead_letter_table"),
-            "dead_letters",
-        )?,
-    };
-    if tables.windows == tables.late || tables.windows == tables.dead || tables.late == tables.dead
-    {
-        return Err(EtlError::invalid(
-            "windows_table",
-            "windows_table, late_table and dead_letter_table must be three different tables",
-            format!(
-                "{}, {}, {}",
-                tables.windows.sql(),
-                tables.late.sql(),
-                tables.dead.sql()
-            ),
-        ));
-    }
-
-    let max_messages = opt_positive("max_messages", args.named("max_messages"))?.map(|m| m as u64);
-    let max_runtime_ms = opt_positive("max_runtime_ms", args.named("max_runtime_ms"))?;
-    let idle_timeout_ms = opt_positive("idle_timeout_ms", args.named("idle_timeout_ms"))?;
-    let checkpoint_interval_ms = opt_positive(
-        "checkpoint_interval_ms",
-        args.named("checkpoint_interval_ms"),
-    )?
-    .unwrap_or(1000);
-    let timeout_ms =
-        opt_positive("timeout_ms", args.named("timeout_ms"))?.unwrap_or(DEFAULT_KAFKA_TIMEOUT_MS);
-
-    let flush = match optional(args.named("flush")) {
-        None => false,
-        Some(Arg::Bool(b)) => b,
-        Some(other) => {
-            return Err(EtlError::invalid(
-                "flush",
-                "must be a BOOLEAN",
-                shown(&other),
-            ))
-        }
-    };
-
-    let partitions = match optional(args.named("partitions")) {
-        None => None,
-        Some(Arg::List(items)) => {
-            let shown_list = shown(&Arg::List(items.clone()));
-            if items.is_empty() {
-                return Err(EtlError::invalid(
-                    "partitions",
-                    "must list at least one partition",
-                    shown_list,
-                ));
-            }
-            let mut out = Vec::with_capacity(items.len());
-            for it in &items {
-                match it {
-                    Arg::Int(p) if (0..=i64::from(i32::MAX)).contains(p) => out.push(*p as i32),
-                    _ => {
-                        return Err(EtlError::invalid(
-                            "partitions",
-                            "must be partition numbers >= 0",
-                            shown_list,
-                        ))
-                    }
-                }
-            }
-            let mut sorted = out.clone();
-            sorted.sort_unstable();
-            sorted.dedup();
-            if sorted.len() != out.len() {
-                return Err(EtlError::invalid(
-                    "partitions",
-                    "must not repeat a partition",
-                    shown_list,
-                ));
-            }
-            Some(sorted)
-        }
-        Some(other) => {
-            return Err(EtlError::invalid(
-                "partitions",
-                "must be a list of partition numbers such as [0, 1]",
-                shown(&other),
-            ))
-        }
-    };
-
-    let brokers = match opt_text("brokers", args.named("brokers"))? {
+fn parse_kafka(
+    given: &Given<'_>,
+    args: &dyn Args,
+    job: &str,
+    is_kafka: bool,
+) -> Result<KafkaParams> {
+    let brokers = match given.text(P::Brokers)? {
         Some(b) => b,
         None => match args.setting(SETTING_BROKERS) {
             Some(Arg::Text(s)) if !s.trim().is_empty() => s,
@@ -444,28 +514,33 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunConfig> {
     };
     if is_kafka && brokers.trim().is_empty() {
         return Err(EtlError::invalid(
-            "brokers",
+            given.name(P::Brokers),
             "must name at least one host:port",
             "''",
         ));
     }
-    let group_id = opt_text("group_id", args.named("group_id"))?
+    let group_id = given
+        .text(P::GroupId)?
         .unwrap_or_else(|| format!("streaming_etl-{job}"));
     if group_id.is_empty() {
-        return Err(EtlError::invalid("group_id", "must not be empty", "''"));
+        return Err(EtlError::invalid(
+            given.name(P::GroupId),
+            "must not be empty",
+            "''",
+        ));
     }
-    let properties = match optional(args.named("kafka")) {
+    let properties = match given.get(P::Kafka) {
         None => Vec::new(),
         Some(Arg::Map(items)) => {
             let mut props = Vec::with_capacity(items.len());
-            for (k, v) in &items {
+            for (k, v) in items {
                 match (k, v) {
                     (Arg::Text(k), Arg::Text(v)) if !k.is_empty() => {
                         props.push((k.clone(), v.clone()))
                     }
                     _ => {
                         return Err(EtlError::invalid(
-                            "kafka",
+                            given.name(P::Kafka),
                             "must map librdkafka property names to non-NULL text values",
                             shown(&Arg::Map(items.clone())),
                         ))
@@ -476,36 +551,114 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunConfig> {
         }
         Some(other) => {
             return Err(EtlError::invalid(
-                "kafka",
+                given.name(P::Kafka),
                 "must be a MAP of librdkafka properties, e.g. MAP {'security.protocol': 'SSL'}",
-                shown(&other),
+                shown(other),
             ))
         }
     };
+    Ok(KafkaParams {
+        brokers,
+        group_id,
+        properties,
+        timeout_ms: given
+            .positive(P::TimeoutMs)?
+            .unwrap_or(DEFAULT_KAFKA_TIMEOUT_MS),
+    })
+}
 
-    Ok(RunConfig {
-        topic,
-        source,
-        job,
+/// Parses and checks the arguments of `streaming_etl_run`.
+pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
+    let (topic, source) = parse_topic(args)?;
+    let window_ms = required_int("window_ms", args.positional(1))?;
+    if window_ms <= 0 {
+        return Err(EtlError::invalid("window_ms", "must be > 0", window_ms));
+    }
+    let lateness_ms = required_int("lateness_ms", args.positional(2))?;
+    if lateness_ms < 0 {
+        return Err(EtlError::invalid(
+            "lateness_ms",
+            "must be >= 0",
+            lateness_ms,
+        ));
+    }
+    let given = Given::read(args, RUN_PARAMS);
+    let is_kafka = matches!(source, SourceSpec::Kafka { .. });
+    if !is_kafka {
+        if let Some(p) = RUN_PARAMS
+            .iter()
+            .find(|p| p.kafka_only && given.get(p.id).is_some())
+        {
+            return Err(EtlError::invalid(
+                p.name,
+                "applies to a Kafka topic, not to a file: source",
+                given.get(p.id).map(shown).unwrap_or_default(),
+            ));
+        }
+    }
+    let job = given.text(P::Job)?.unwrap_or_else(|| topic.clone());
+    if job.trim().is_empty() {
+        return Err(EtlError::invalid(
+            given.name(P::Job),
+            "must not be empty",
+            format!("'{job}'"),
+        ));
+    }
+    let key_field = given.field(P::KeyField, "key")?;
+    let time_field = given.field(P::TimeField, "event_time_ms")?;
+    let value_field = given.field(P::ValueField, "payload.value")?;
+    let windows = given.table(P::WindowsTable, "windows")?;
+    let late = given.table(P::LateTable, "late_events")?;
+    let dead = given.table(P::DeadLetterTable, "dead_letters")?;
+    if windows == late || windows == dead || late == dead {
+        return Err(EtlError::invalid(
+            given.name(P::WindowsTable),
+            "windows_table, late_table and dead_letter_table must be three different tables",
+            format!("{}, {}, {}", windows.sql(), late.sql(), dead.sql()),
+        ));
+    }
+    let settings = JobSettings {
+        source: topic.clone(),
         window_ms,
         lateness_ms,
+        key_field: key_field.as_str().to_string(),
+        time_field: time_field.as_str().to_string(),
+        value_field: value_field.as_str().to_string(),
+        extra: BTreeMap::new(),
+    };
+    let engine = EngineConfig {
+        time: TimeSpec {
+            window_ms,
+            lateness_ms,
+            idle_timeout_ms: given.positive(P::IdleTimeoutMs)?,
+        },
         key_field,
         time_field,
         value_field,
-        tables,
-        max_messages,
-        max_runtime_ms,
-        idle_timeout_ms,
-        flush,
-        partitions,
-        kafka: KafkaParams {
-            brokers,
-            group_id,
-            properties,
-            timeout_ms,
+    };
+    let job_config = JobConfig {
+        job: job.clone(),
+        topic,
+        settings,
+        engine,
+        tables: Tables {
+            windows: windows.sql(),
+            late: late.sql(),
+            dead: dead.sql(),
         },
         checkpoint: checkpoint_location(args, db_path)?,
-        checkpoint_interval_ms,
+        max_messages: given.positive(P::MaxMessages)?.map(|m| m as u64),
+        max_runtime_ms: given.positive(P::MaxRuntimeMs)?,
+        checkpoint_interval_ms: given
+            .positive(P::CheckpointIntervalMs)?
+            .unwrap_or(DEFAULT_CHECKPOINT_INTERVAL_MS),
+        flush: given.boolean(P::Flush)?.unwrap_or(false),
+    };
+    Ok(RunPlan {
+        kafka: parse_kafka(&given, args, &job, is_kafka)?,
+        partitions: parse_partitions(&given)?,
+        source,
+        job: job_config,
     })
 }
 
@@ -553,22 +706,22 @@ mod tests {
             Some("/db/x.duckdb"),
         )
         .unwrap();
-        assert_eq!(c.job, "file:data/*.ndjson");
+        assert_eq!(c.job.job, "file:data/*.ndjson");
         assert_eq!(
             c.source,
             SourceSpec::Files {
                 pattern: "data/*.ndjson".into()
             }
         );
-        assert_eq!(c.value_field.as_str(), "payload.value");
-        assert_eq!(c.tables.windows.sql(), "\"windows\"");
+        assert_eq!(c.job.engine.value_field.as_str(), "payload.value");
+        assert_eq!(c.job.tables.windows, "\"windows\"");
         assert_eq!(
-            c.checkpoint,
+            c.job.checkpoint,
             CheckpointLocation::File("/db/x.duckdb.streaming_etl.sqlite".into())
         );
         assert_eq!(c.kafka.brokers, DEFAULT_BROKERS);
         let c = parse_run(&args("orders", 1000, 0, &[]), None).unwrap();
-        assert_eq!(c.checkpoint, CheckpointLocation::Memory);
+        assert_eq!(c.job.checkpoint, CheckpointLocation::Memory);
         assert_eq!(c.kafka.group_id, "streaming_etl-orders");
     }
 
@@ -658,13 +811,31 @@ mod tests {
         a.settings
             .insert(SETTING_CHECKPOINT, Arg::Text("jobs.ckpt".into()));
         assert_eq!(
-            parse_run(&a, None).unwrap().checkpoint,
+            parse_run(&a, None).unwrap().job.checkpoint,
             CheckpointLocation::File("jobs.ckpt".into())
         );
         a.named.insert("checkpoint", Arg::Text(":memory:".into()));
         assert_eq!(
-            parse_run(&a, None).unwrap().checkpoint,
+            parse_run(&a, None).unwrap().job.checkpoint,
             CheckpointLocation::Memory
+        );
+    }
+
+    #[test]
+    fn every_parameter_has_one_entry_and_the_readme_shows_the_table() {
+        let mut names: Vec<&str> = RUN_PARAMS.iter().map(|p| p.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(
+            names.len(),
+            RUN_PARAMS.len(),
+            "a parameter is declared twice"
+        );
+        let readme = include_str!("../README.md");
+        let table = markdown_table(RUN_PARAMS);
+        assert!(
+            readme.contains(&table),
+            "README.md must contain the parameter table generated from params::RUN_PARAMS:\n{table}"
         );
     }
 }

@@ -4,77 +4,236 @@
 //! to DuckDB between cycles is what lets Ctrl-C or a client's interrupt stop a long run, with
 //! everything before the interrupt written and checkpointed.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::error::Error;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::error::Result;
-use crate::ffi::{Args, ColType, Output, TableFunction};
+use duckdb::core::{DataChunkHandle, LogicalTypeHandle, LogicalTypeId};
+use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
+use streaming_etl_core::error::{EtlError, Result};
+use streaming_etl_core::rows::{Cell, ColumnType};
+use streaming_etl_core::source::file::FileSource;
+use streaming_etl_core::source::Source;
+use streaming_etl_core::state::PartitionState;
+use streaming_etl_runtime::checkpoint::Checkpoint;
+use streaming_etl_runtime::clock::SystemClock;
+use streaming_etl_runtime::config::CheckpointLocation;
+use streaming_etl_runtime::job::{Run, RunEnv, RunStats, SourceOpener};
+use streaming_etl_runtime::lock::JobLock;
+
 use crate::host::Host;
-use crate::job::Run;
-use crate::params::{parse_run, RunConfig, RUN_NAMED};
+use crate::params::{parse_run, RunPlan, SourceSpec, RUN_PARAMS};
+use crate::result::{add_columns, write_row, ResultColumn};
+use crate::sink::DuckSink;
+use crate::source::kafka::KafkaSource;
+use crate::{contained, sys};
+
+fn count(v: u64) -> Cell<'static> {
+    Cell::I64(i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+/// The result row of a run.
+pub const RUN_COLUMNS: &[ResultColumn<RunStats>] = &[
+    ResultColumn {
+        name: "job",
+        ty: ColumnType::Varchar,
+        get: |s| Cell::Str(&s.job),
+    },
+    ResultColumn {
+        name: "events_consumed",
+        ty: ColumnType::BigInt,
+        get: |s| count(s.events_consumed),
+    },
+    ResultColumn {
+        name: "windows_emitted",
+        ty: ColumnType::BigInt,
+        get: |s| count(s.windows_emitted),
+    },
+    ResultColumn {
+        name: "late_events",
+        ty: ColumnType::BigInt,
+        get: |s| count(s.late_events),
+    },
+    ResultColumn {
+        name: "dead_letters",
+        ty: ColumnType::BigInt,
+        get: |s| count(s.dead_letters),
+    },
+    ResultColumn {
+        name: "watermark_ms",
+        ty: ColumnType::BigInt,
+        get: |s| s.watermark_ms.map_or(Cell::Null, Cell::I64),
+    },
+    ResultColumn {
+        name: "elapsed_ms",
+        ty: ColumnType::BigInt,
+        get: |s| Cell::I64(s.elapsed_ms),
+    },
+    ResultColumn {
+        name: "events_per_sec",
+        ty: ColumnType::Double,
+        get: |s| Cell::F64(s.events_per_sec),
+    },
+    ResultColumn {
+        name: "open_windows",
+        ty: ColumnType::BigInt,
+        get: |s| count(s.open_windows),
+    },
+    ResultColumn {
+        name: "partitions",
+        ty: ColumnType::BigInt,
+        get: |s| count(s.partitions),
+    },
+    ResultColumn {
+        name: "cycles",
+        ty: ColumnType::BigInt,
+        get: |s| count(s.cycles),
+    },
+    ResultColumn {
+        name: "status",
+        ty: ColumnType::Varchar,
+        get: |s| Cell::Str(s.status),
+    },
+];
 
 pub struct RunFunction;
 
-pub struct RunState {
-    run: Option<Run>,
+pub struct RunBind {
+    plan: Arc<RunPlan>,
 }
 
-impl TableFunction for RunFunction {
-    type Bind = Arc<RunConfig>;
-    type State = RunState;
-    const NAME: &'static str = "streaming_etl_run";
-    const PARAMETERS: &'static [ColType] = &[ColType::Varchar, ColType::BigInt, ColType::BigInt];
-    const NAMED_PARAMETERS: &'static [(&'static str, ColType)] = RUN_NAMED;
-    const COLUMNS: &'static [(&'static str, ColType)] = &[
-        ("job", ColType::Varchar),
-        ("events_consumed", ColType::BigInt),
-        ("windows_emitted", ColType::BigInt),
-        ("late_events", ColType::BigInt),
-        ("dead_letters", ColType::BigInt),
-        ("watermark_ms", ColType::BigInt),
-        ("elapsed_ms", ColType::BigInt),
-        ("events_per_sec", ColType::Double),
-        ("open_windows", ColType::BigInt),
-        ("partitions", ColType::BigInt),
-        ("cycles", ColType::BigInt),
-        ("status", ColType::Varchar),
-    ];
+enum State {
+    NotStarted,
+    Running(Box<Run>),
+    Done,
+}
 
-    fn bind(args: &dyn Args, host: &Arc<Host>) -> Result<Self::Bind> {
-        crate::testing::panic_point("bind");
-        parse_run(args, host.db_path()).map(Arc::new)
-    }
+pub struct RunInit {
+    state: Mutex<State>,
+}
 
-    fn init(bind: &Self::Bind, host: &Arc<Host>) -> Result<Self::State> {
-        crate::testing::panic_point("init");
-        Ok(RunState {
-            run: Some(Run::start(Arc::clone(bind), host)?),
-        })
-    }
-
-    fn produce(_bind: &Self::Bind, state: &mut Self::State, out: &mut Output<'_>) -> Result<()> {
-        let Some(run) = state.run.as_mut() else {
-            return Ok(());
-        };
-        let more = run.cycle()?;
-        let s = run.stats();
-        let n = |v: u64| Some(i64::try_from(v).unwrap_or(i64::MAX));
-        out.set_str(0, 0, Some(&s.job));
-        out.set_i64(1, 0, n(s.events_consumed));
-        out.set_i64(2, 0, n(s.windows_emitted));
-        out.set_i64(3, 0, n(s.late_events));
-        out.set_i64(4, 0, n(s.dead_letters));
-        out.set_i64(5, 0, s.watermark_ms);
-        out.set_i64(6, 0, Some(s.elapsed_ms));
-        out.set_f64(7, 0, Some(s.events_per_sec));
-        out.set_i64(8, 0, n(s.open_windows));
-        out.set_i64(9, 0, n(s.partitions));
-        out.set_i64(10, 0, n(s.cycles));
-        out.set_str(11, 0, Some(s.status));
-        out.set_len(1);
-        if !more {
-            // Releases the job lock and the connection before DuckDB asks for the next chunk.
-            state.run = None;
+/// Opens what a run needs, in an order that never leaves a half-started job behind: the job's
+/// lock first, then its checkpoint, then one of the extension's connections (waiting while all
+/// are in use); the source opens inside `Run::start`, once the checkpoint says where to resume.
+fn start(plan: &RunPlan, host: &Arc<Host>) -> Result<Run> {
+    let job = &plan.job;
+    let (lock, checkpoint) = match &job.checkpoint {
+        CheckpointLocation::File(path) => {
+            let lock = crate::os::lock_job_file(path, &job.job)?;
+            (lock, Checkpoint::open_file(path)?)
         }
-        Ok(())
+        CheckpointLocation::Memory => (
+            JobLock::memory(host.memory_locks(), &job.job)?,
+            host.memory_checkpoint()?,
+        ),
+    };
+    let sink = DuckSink::new(host.checkout()?);
+    Run::start(
+        Arc::new(job.clone()),
+        RunEnv {
+            checkpoint,
+            lock,
+            sink: Box::new(sink),
+            open_source: source_opener(plan),
+            clock: Arc::new(SystemClock),
+        },
+    )
+}
+
+fn source_opener(plan: &RunPlan) -> SourceOpener {
+    let plan = plan.clone();
+    Box::new(move |known: &[PartitionState]| {
+        let offsets: HashMap<i32, i64> =
+            known.iter().map(|p| (p.partition, p.next_offset)).collect();
+        let only = plan.partitions.as_deref();
+        let topic = &plan.job.topic;
+        Ok(match &plan.source {
+            SourceSpec::Files { pattern } => {
+                let names: Vec<(i32, String)> = known
+                    .iter()
+                    .map(|p| (p.partition, p.name.clone()))
+                    .collect();
+                Box::new(FileSource::open(topic, pattern, &names, &offsets, only)?)
+                    as Box<dyn Source>
+            }
+            SourceSpec::Kafka { topic: name } => {
+                Box::new(KafkaSource::open(topic, name, &plan.kafka, &offsets, only)?)
+            }
+        })
+    })
+}
+
+impl VTab for RunFunction {
+    type InitData = RunInit;
+    type BindData = RunBind;
+
+    fn bind(bind: &BindInfo) -> std::result::Result<RunBind, Box<dyn Error>> {
+        Ok(contained(|| {
+            streaming_etl_runtime::fault::panic_point("bind");
+            let host = sys::bind_host(bind).ok_or(EtlError::Detached)?;
+            host.touch();
+            let plan = parse_run(bind, host.db_path())?;
+            add_columns(bind, RUN_COLUMNS);
+            Ok(RunBind {
+                plan: Arc::new(plan),
+            })
+        })?)
+    }
+
+    fn init(init: &InitInfo) -> std::result::Result<RunInit, Box<dyn Error>> {
+        Ok(contained(|| {
+            streaming_etl_runtime::fault::panic_point("init");
+            init.set_max_threads(1);
+            Ok(RunInit {
+                state: Mutex::new(State::NotStarted),
+            })
+        })?)
+    }
+
+    fn func(
+        func: &TableFunctionInfo<Self>,
+        output: &mut DataChunkHandle,
+    ) -> std::result::Result<(), Box<dyn Error>> {
+        Ok(contained(|| {
+            let init = func.get_init_data();
+            let mut state = init.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if matches!(*state, State::NotStarted) {
+                let host = sys::func_host(func).ok_or(EtlError::Detached)?;
+                // A failed start leaves nothing running; the error ends the statement.
+                *state = State::Done;
+                *state = State::Running(Box::new(start(&func.get_bind_data().plan, &host)?));
+            }
+            let State::Running(run) = &mut *state else {
+                output.set_len(0);
+                return Ok(());
+            };
+            let more = match run.cycle() {
+                Ok(more) => more,
+                Err(e) => {
+                    // Releases the job lock and the connection before the error reaches DuckDB.
+                    *state = State::Done;
+                    return Err(e);
+                }
+            };
+            write_row(output, 0, RUN_COLUMNS, &run.stats())?;
+            output.set_len(1);
+            if !more {
+                // Releases the job lock and the connection before DuckDB asks for the next chunk.
+                *state = State::Done;
+            }
+            Ok(())
+        })?)
+    }
+
+    fn parameters() -> Option<Vec<LogicalTypeHandle>> {
+        Some(vec![
+            LogicalTypeHandle::from(LogicalTypeId::Varchar),
+            LogicalTypeHandle::from(LogicalTypeId::Bigint),
+            LogicalTypeHandle::from(LogicalTypeId::Bigint),
+        ])
+    }
+
+    fn named_parameters() -> Option<Vec<(String, LogicalTypeHandle)>> {
+        Some(crate::named_parameters(RUN_PARAMS))
     }
 }

@@ -1,179 +1,185 @@
-//! The sink: writes a cycle's output into the host database through the extension's own
-//! connection, in one transaction, idempotently: windows are upserted by (key, window_start_ms)
-//! and late events and dead letters are keyed by (topic, partition, offset), so re-applying a
-//! batch after a crash changes nothing. Rows go through query appenders (batched, no SQL text
-//! per row).
+//! The DuckDB sink: creates a job's tables from their declared schemas and writes a cycle's
+//! output through the extension's own connection, in one transaction, idempotently: rows are
+//! upserted by each table's primary key (windows by key and window start, late events and dead
+//! letters by topic, partition and offset), so applying a batch again after a crash changes
+//! nothing. Rows go through the `duckdb` Appender into a staging table and one
+//! `INSERT OR REPLACE ... SELECT` per table: batched, no SQL text per row.
 
-use crate::error::{EtlError, Result};
-use crate::ffi::{ColType, DuckConn};
-use crate::params::{TableName, Tables};
-use crate::state::Batch;
+use duckdb::types::{ToSqlOutput, ValueRef};
+use duckdb::{appender_params_from_iter, Connection, ToSql};
+use streaming_etl_core::error::{EtlError, Result};
+use streaming_etl_core::rows::{Cell, Rows, TableSchema};
+use streaming_etl_core::state::OutputSchemas;
+use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
 
-/// Creates the three tables when they are missing.
-pub fn ensure_tables(conn: &DuckConn, tables: &Tables) -> Result<()> {
-    let ddl = [
-        (
-            &tables.windows,
-            "window_start_ms BIGINT, window_end_ms BIGINT, key VARCHAR, count BIGINT, \
-             sum_value DOUBLE, min_value DOUBLE, max_value DOUBLE, PRIMARY KEY (key, window_start_ms)",
-        ),
-        (
-            &tables.late,
-            "key VARCHAR, event_time_ms BIGINT, ingest_time_ms BIGINT, payload_json VARCHAR, \
-             window_start_ms BIGINT, window_end_ms BIGINT, watermark_ms BIGINT, topic VARCHAR, \
-             partition INTEGER, \"offset\" BIGINT, PRIMARY KEY (topic, partition, \"offset\")",
-        ),
-        (
-            &tables.dead,
-            "topic VARCHAR, partition INTEGER, \"offset\" BIGINT, ingest_time_ms BIGINT, raw BLOB, \
-             error VARCHAR, PRIMARY KEY (topic, partition, \"offset\")",
-        ),
-    ];
-    for (name, columns) in ddl {
-        conn.execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {} ({columns})",
-            name.sql()
-        ))
-        .map_err(|e| sink_error(name, e))?;
+use crate::host::PooledConn;
+use crate::params::quote_ident;
+
+const STAGE: &str = "streaming_etl_stage";
+
+pub struct DuckSink {
+    conn: PooledConn,
+}
+
+impl DuckSink {
+    pub fn new(conn: PooledConn) -> DuckSink {
+        DuckSink { conn }
+    }
+}
+
+fn sink_error(table: &str, message: impl std::fmt::Display) -> EtlError {
+    EtlError::Sink {
+        table: table.to_string(),
+        message: message.to_string(),
+    }
+}
+
+/// `CREATE TABLE` column list (and primary key) of a schema.
+pub fn ddl_columns(schema: &TableSchema) -> String {
+    let mut cols: Vec<String> = schema
+        .columns
+        .iter()
+        .map(|c| format!("{} {}", quote_ident(&c.name), c.ty.sql()))
+        .collect();
+    if !schema.primary_key.is_empty() {
+        let key: Vec<String> = schema.primary_key.iter().map(|k| quote_ident(k)).collect();
+        cols.push(format!("PRIMARY KEY ({})", key.join(", ")));
+    }
+    cols.join(", ")
+}
+
+fn column_list(schema: &TableSchema) -> String {
+    schema
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A cell as an Appender value.
+struct SqlCell<'a>(Cell<'a>);
+
+impl ToSql for SqlCell<'_> {
+    fn to_sql(&self) -> duckdb::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self.0 {
+            Cell::Null => ValueRef::Null,
+            Cell::Bool(b) => ValueRef::Boolean(b),
+            Cell::I32(v) => ValueRef::Int(v),
+            Cell::I64(v) => ValueRef::BigInt(v),
+            Cell::F64(v) => ValueRef::Double(v),
+            Cell::Str(s) => ValueRef::Text(s.as_bytes()),
+            Cell::Bytes(b) => ValueRef::Blob(b),
+        }))
+    }
+}
+
+/// Makes sure `table` exists and has every column of `schema`.
+fn ensure_table(conn: &Connection, table: &str, schema: &TableSchema) -> Result<()> {
+    conn.execute_batch(&format!(
+        "CREATE TABLE IF NOT EXISTS {table} ({})",
+        ddl_columns(schema)
+    ))
+    .map_err(|e| sink_error(table, e))?;
+    let mut stmt = conn
+        .prepare(&format!("SELECT column_name FROM (DESCRIBE {table})"))
+        .map_err(|e| sink_error(table, e))?;
+    let have: Vec<String> = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .map_err(|e| sink_error(table, e))?
+        .collect::<duckdb::Result<_>>()
+        .map_err(|e| sink_error(table, e))?;
+    let missing: Vec<&str> = schema
+        .columns
+        .iter()
+        .filter(|c| !have.iter().any(|h| h.eq_ignore_ascii_case(&c.name)))
+        .map(|c| c.name.as_str())
+        .collect();
+    if !missing.is_empty() {
+        return Err(sink_error(
+            table,
+            format!(
+                "the existing table lacks the column(s) {} that this job writes; drop or alter it, or name another table",
+                missing.join(", ")
+            ),
+        ));
     }
     Ok(())
 }
 
-fn sink_error(table: &TableName, message: String) -> EtlError {
-    EtlError::Sink {
-        table: table.sql(),
-        message,
-    }
-}
-
-const WINDOW_COLUMNS: &[(&str, ColType)] = &[
-    ("window_start_ms", ColType::BigInt),
-    ("window_end_ms", ColType::BigInt),
-    ("key", ColType::Varchar),
-    ("count", ColType::BigInt),
-    ("sum_value", ColType::Double),
-    ("min_value", ColType::Double),
-    ("max_value", ColType::Double),
-];
-
-const LATE_COLUMNS: &[(&str, ColType)] = &[
-    ("key", ColType::Varchar),
-    ("event_time_ms", ColType::BigInt),
-    ("ingest_time_ms", ColType::BigInt),
-    ("payload_json", ColType::Varchar),
-    ("window_start_ms", ColType::BigInt),
-    ("window_end_ms", ColType::BigInt),
-    ("watermark_ms", ColType::BigInt),
-    ("topic", ColType::Varchar),
-    ("partition", ColType::Integer),
-    ("offset", ColType::BigInt),
-];
-
-const DEAD_COLUMNS: &[(&str, ColType)] = &[
-    ("topic", ColType::Varchar),
-    ("partition", ColType::Integer),
-    ("offset", ColType::BigInt),
-    ("ingest_time_ms", ColType::BigInt),
-    ("raw", ColType::Blob),
-    ("error", ColType::Varchar),
-];
-
-fn insert_sql(verb: &str, table: &TableName, columns: &[(&str, ColType)]) -> String {
-    let cols = columns
-        .iter()
-        .map(|(c, _)| format!("\"{c}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
-    format!(
-        "{verb} INTO {} ({cols}) SELECT {cols} FROM appended_data",
-        table.sql()
-    )
-}
-
-/// Applies one batch in one transaction. `topic` fills the topic column.
-pub fn apply(conn: &DuckConn, tables: &Tables, topic: &str, batch: &Batch) -> Result<()> {
-    if batch.is_empty() {
+/// Upserts `rows` into `table`: appended to a staging table, then one INSERT OR REPLACE.
+fn upsert(conn: &Connection, table: &str, schema: &TableSchema, rows: &Rows) -> Result<()> {
+    if rows.is_empty() {
         return Ok(());
     }
-    conn.execute("BEGIN TRANSACTION").map_err(EtlError::Duck)?;
-    let result = write(conn, tables, topic, batch).and_then(|()| {
-        crate::testing::crash_point("sink-before-commit");
-        conn.execute("COMMIT")
-            .map_err(|e| sink_error(&tables.windows, e))
-    });
-    if result.is_err() {
-        // A failed statement leaves the transaction aborted; the connection must be reset
-        // before it can be used again.
-        let _ = conn.execute("ROLLBACK");
+    let err = |e: duckdb::Error| sink_error(table, e);
+    let stage = format!("temp.main.{STAGE}");
+    conn.execute_batch(&format!(
+        "CREATE OR REPLACE TEMP TABLE {STAGE} ({})",
+        ddl_columns(&schema.without_key())
+    ))
+    .map_err(err)?;
+    {
+        let mut app = conn
+            .appender_to_catalog_and_db(STAGE, "temp", "main")
+            .map_err(err)?;
+        rows.each(|cells| {
+            app.append_row(appender_params_from_iter(cells.iter().map(|c| SqlCell(*c))))
+        })
+        .map_err(|e| EtlError::Internal(e.to_string()))?
+        .map_err(err)?;
+        app.flush().map_err(err)?;
     }
-    result
+    let cols = column_list(schema);
+    let verb = if schema.primary_key.is_empty() {
+        "INSERT"
+    } else {
+        "INSERT OR REPLACE"
+    };
+    conn.execute_batch(&format!(
+        "{verb} INTO {table} ({cols}) SELECT {cols} FROM {stage}; DROP TABLE {stage}"
+    ))
+    .map_err(err)
 }
 
-fn write(conn: &DuckConn, tables: &Tables, topic: &str, batch: &Batch) -> Result<()> {
-    if !batch.windows.is_empty() {
-        let t = &tables.windows;
-        let err = |e| sink_error(t, e);
-        let mut a = conn
-            .appender(
-                &insert_sql("INSERT OR REPLACE", t, WINDOW_COLUMNS),
-                WINDOW_COLUMNS,
-            )
-            .map_err(err)?;
-        for w in &batch.windows {
-            a.i64(w.start_ms).map_err(err)?;
-            a.i64(w.end_ms).map_err(err)?;
-            a.str(&w.key).map_err(err)?;
-            a.i64(w.agg.count).map_err(err)?;
-            a.opt_f64(w.agg.sum_value()).map_err(err)?;
-            a.opt_f64(w.agg.min_value()).map_err(err)?;
-            a.opt_f64(w.agg.max_value()).map_err(err)?;
-            a.end_row().map_err(err)?;
+impl OutputSink for DuckSink {
+    fn prepare(&mut self, tables: &Tables, schemas: &OutputSchemas) -> Result<()> {
+        let conn = self.conn.conn()?;
+        for (table, schema) in [
+            (&tables.windows, &schemas.windows),
+            (&tables.late, &schemas.late),
+            (&tables.dead, &schemas.dead),
+        ] {
+            ensure_table(conn, table, schema)?;
         }
-        a.flush().map_err(err)?;
+        Ok(())
     }
-    if !batch.late.is_empty() {
-        let t = &tables.late;
-        let err = |e| sink_error(t, e);
-        let mut a = conn
-            .appender(
-                &insert_sql("INSERT OR IGNORE", t, LATE_COLUMNS),
-                LATE_COLUMNS,
-            )
-            .map_err(err)?;
-        for r in &batch.late {
-            a.str(&r.key).map_err(err)?;
-            a.i64(r.event_time_ms).map_err(err)?;
-            a.i64(r.ingest_time_ms).map_err(err)?;
-            a.str(&r.payload).map_err(err)?;
-            a.i64(r.window_start_ms).map_err(err)?;
-            a.i64(r.window_end_ms).map_err(err)?;
-            a.i64(r.watermark_ms).map_err(err)?;
-            a.str(topic).map_err(err)?;
-            a.i32(r.partition).map_err(err)?;
-            a.i64(r.offset).map_err(err)?;
-            a.end_row().map_err(err)?;
+
+    fn apply(&mut self, out: &Output<'_>) -> Result<()> {
+        if out.batch.is_empty() {
+            return Ok(());
         }
-        a.flush().map_err(err)?;
-    }
-    if !batch.dead.is_empty() {
-        let t = &tables.dead;
-        let err = |e| sink_error(t, e);
-        let mut a = conn
-            .appender(
-                &insert_sql("INSERT OR IGNORE", t, DEAD_COLUMNS),
-                DEAD_COLUMNS,
-            )
-            .map_err(err)?;
-        for r in &batch.dead {
-            a.str(topic).map_err(err)?;
-            a.i32(r.partition).map_err(err)?;
-            a.i64(r.offset).map_err(err)?;
-            a.i64(r.ingest_time_ms).map_err(err)?;
-            a.blob(&r.raw).map_err(err)?;
-            a.str(&r.error).map_err(err)?;
-            a.end_row().map_err(err)?;
+        let conn = self.conn.conn()?;
+        conn.execute_batch("BEGIN TRANSACTION")
+            .map_err(|e| EtlError::Duck(e.to_string()))?;
+        let result = (|| {
+            upsert(
+                conn,
+                &out.tables.windows,
+                &out.schemas.windows,
+                &out.batch.windows,
+            )?;
+            upsert(conn, &out.tables.late, &out.schemas.late, &out.batch.late)?;
+            upsert(conn, &out.tables.dead, &out.schemas.dead, &out.batch.dead)?;
+            streaming_etl_runtime::fault::crash_point("sink-before-commit");
+            conn.execute_batch("COMMIT")
+                .map_err(|e| sink_error(&out.tables.windows, e))
+        })();
+        if result.is_err() {
+            // A failed statement leaves the transaction aborted; the connection must be reset
+            // before it can be used again.
+            let _ = conn.execute_batch("ROLLBACK");
         }
-        a.flush().map_err(err)?;
+        result
     }
-    Ok(())
 }

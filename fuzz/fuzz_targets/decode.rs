@@ -3,11 +3,7 @@
 //! be JSON for serde_json too (with the three fields of the types it reported).
 #![no_main]
 
-#[path = "../../src/decode.rs"]
-#[allow(dead_code)]
-mod decode;
-
-use decode::{DecodeError, Decoder, FieldPath};
+use streaming_etl_core::decode::{DecodeError, Decoder, FieldPath};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -14,10 +14,11 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::error::{EtlError, Result};
-use crate::ffi::{PartitionBatches, KAFKA_PARTITION_EOF};
+use streaming_etl_core::error::{EtlError, Result};
+use streaming_etl_core::source::{Gap, Message, Pull, Source, SourcePartition};
+
+use super::kafka_batch::{PartitionBatches, KAFKA_PARTITION_EOF};
 use crate::params::KafkaParams;
-use crate::source::{Gap, Message, Pull, Source, SourcePartition};
 
 /// Keeps librdkafka's last error, so a timeout can say what went wrong (refused connection,
 /// failed authentication, ...), and keeps its logs out of the user's terminal.

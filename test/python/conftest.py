@@ -8,6 +8,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXT = os.environ.get("STREAMING_ETL_EXTENSION", os.path.join(ROOT, "build", "release", "streaming_etl.duckdb_extension"))
+# The same extension built with its fault-injection hooks (make fault), for the tests that use them.
+FAULT_EXT = os.environ.get("STREAMING_ETL_FAULT_EXTENSION", os.path.join(ROOT, "build", "fault", "streaming_etl.duckdb_extension"))
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 

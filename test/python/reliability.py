@@ -20,7 +20,7 @@ import time
 import duckdb
 
 from brokers import MockBroker, produce
-from conftest import EXT, HERE, ROOT, connect
+from conftest import EXT, FAULT_EXT, HERE, ROOT, connect
 from datagen import generate_sql, scan
 
 WINDOW, LATENESS = 1000, 200
@@ -175,7 +175,8 @@ def kill_points(scale):
             for n in cycles:
                 db = os.path.join(d, f"{point}-{n}.duckdb")
                 r = subprocess.run([sys.executable, CHILD, db, topic, str(WINDOW), str(LATENESS), "checkpoint_interval_ms=1"],
-                                   capture_output=True, env=dict(os.environ, STREAMING_ETL_CRASH_AT=f"{point}:{n}"))
+                                   capture_output=True, env=dict(os.environ, STREAMING_ETL_CRASH_AT=f"{point}:{n}",
+                                                                 STREAMING_ETL_EXTENSION=FAULT_EXT))
                 assert r.returncode in (-signal.SIGKILL, 0), r.stderr.decode()[-2000:]
                 faults += r.returncode == -signal.SIGKILL
                 ckpt = db + ".streaming_etl.sqlite"
@@ -455,7 +456,7 @@ def forced_panic(scale):
             script = f"""
 import duckdb
 con = duckdb.connect({db!r}, config={{'allow_unsigned_extensions': 'true'}})
-con.execute("LOAD '{EXT}'")
+con.execute("LOAD '{FAULT_EXT}'")
 q = "SELECT * FROM streaming_etl_checkpoint()" if '{point}' == 'checkpoint-bind' else "SELECT * FROM streaming_etl_run('{topic}', 1000, 200, max_messages := 500)"
 try:
     con.execute(q).fetchall()

@@ -6,14 +6,14 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use streaming_etl::decode::{Decoder, FieldPath};
-use streaming_etl::pipeline::{
-    read_cycle, CycleLimits, Engine, PartitionProgress, Restored, Stop, TimeSpec,
+use streaming_etl_core::decode::FieldPath;
+use streaming_etl_core::pipeline::{
+    read_cycle, CycleLimits, Engine, EngineConfig, PartitionProgress, Restored, Stop, TimeSpec,
 };
-use streaming_etl::source::file::FileSource;
-use streaming_etl::source::Source;
-use streaming_etl::state::Batch;
-use streaming_etl::watermark::{PartitionClock, NO_WATERMARK};
+use streaming_etl_core::source::file::FileSource;
+use streaming_etl_core::source::Source;
+use streaming_etl_core::state::Batch;
+use streaming_etl_core::watermark::{PartitionClock, NO_WATERMARK};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -30,12 +30,17 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let fields = |s: &str| FieldPath::parse(s).unwrap_or_else(|| std::process::exit(2));
-    let decoder = Decoder::new(
-        fields("key"),
-        fields("event_time_ms"),
-        fields("payload.value"),
-    );
+    let field = |s: &str| FieldPath::parse(s).unwrap_or_else(|| std::process::exit(2));
+    let cfg = EngineConfig {
+        time: TimeSpec {
+            window_ms,
+            lateness_ms,
+            idle_timeout_ms: None,
+        },
+        key_field: field("key"),
+        time_field: field("event_time_ms"),
+        value_field: field("payload.value"),
+    };
     let partitions = source
         .partitions()
         .iter()
@@ -45,19 +50,20 @@ fn main() {
             clock: PartitionClock::new(None, 0),
         })
         .collect();
-    let spec = TimeSpec {
-        window_ms,
-        lateness_ms,
-        idle_timeout_ms: None,
-    };
     let restored = Restored {
         floor_ms: NO_WATERMARK,
         partitions,
-        open_windows: Vec::new(),
+        open_windows: None,
     };
-    let mut engine = Engine::new(spec, decoder, restored, 0);
+    let mut engine = match Engine::new(&cfg, restored, 0, "bench") {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
     let mut exhausted = vec![false; source.partitions().len()];
-    let mut batch = Batch::default();
+    let mut batch = Batch::new(&cfg.schemas());
     let (mut windows, mut late, mut dead) = (0usize, 0usize, 0usize);
     let start = Instant::now();
     loop {

@@ -4,14 +4,14 @@
 //! failure nothing later is committed, and the run fails at its next cycle boundary.
 
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use streaming_etl_core::error::{EtlError, Result};
+use streaming_etl_core::state::{Batch, OutputSchemas, PartitionState};
+
 use crate::checkpoint::{Checkpoint, CycleCommit, Pending};
-use crate::error::{EtlError, Result};
-use crate::host::PooledConn;
-use crate::params::Tables;
-use crate::sink;
-use crate::state::{Batch, PartitionState};
+use crate::sink::{Output, OutputSink, Tables};
 
 /// Everything one cycle commits: the state after it and its output.
 pub struct CycleState {
@@ -30,35 +30,46 @@ pub struct Target {
     pub job: String,
     pub topic: String,
     pub tables: Tables,
+    pub schemas: Arc<OutputSchemas>,
+}
+
+/// A cycle made durable: its partitions' next offsets, and its (emptied) batch back for reuse.
+pub struct Committed {
+    pub offsets: Vec<(i32, i64)>,
+    pub batch: Batch,
 }
 
 pub struct Committer {
     jobs: Option<SyncSender<CycleState>>,
-    done: Receiver<Result<Vec<(i32, i64)>>>,
+    done: Receiver<Result<Committed>>,
     thread: Option<JoinHandle<()>>,
     in_flight: usize,
 }
 
 impl Committer {
-    pub fn start(checkpoint: Checkpoint, conn: PooledConn, target: Target) -> Result<Committer> {
+    pub fn start(
+        checkpoint: Checkpoint,
+        mut sink: Box<dyn OutputSink>,
+        target: Target,
+    ) -> Result<Committer> {
         // One cycle queued while another is written: memory stays at two cycles' output.
         let (jobs, inbox) = sync_channel::<CycleState>(1);
-        let (report, done) = sync_channel::<Result<Vec<(i32, i64)>>>(64);
+        let (report, done) = sync_channel::<Result<Committed>>(64);
         let thread = std::thread::Builder::new()
             .name("streaming_etl-commit".into())
             .spawn(move || {
                 let mut failed = false;
-                for state in inbox {
+                for mut state in inbox {
                     if failed {
                         continue;
                     }
                     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        commit(&checkpoint, &conn, &target, &state)
+                        commit(&checkpoint, sink.as_mut(), &target, &state)
                     }))
                     .unwrap_or_else(|p| {
                         Err(EtlError::Internal(format!(
                             "commit thread panicked: {}",
-                            crate::ffi::panic_message(p)
+                            panic_message(p)
                         )))
                     });
                     failed = result.is_err();
@@ -67,7 +78,12 @@ impl Committer {
                         .iter()
                         .map(|p| (p.partition, p.next_offset))
                         .collect();
-                    if report.send(result.map(|()| offsets)).is_err() {
+                    state.batch.clear();
+                    let batch = state.batch;
+                    if report
+                        .send(result.map(|()| Committed { offsets, batch }))
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -93,8 +109,8 @@ impl Committer {
         Ok(())
     }
 
-    /// Offsets of the cycles committed since the last call; the first failure, if any.
-    pub fn committed(&mut self, wait_for_all: bool) -> Result<Vec<Vec<(i32, i64)>>> {
+    /// The cycles committed since the last call; the first failure, if any.
+    pub fn committed(&mut self, wait_for_all: bool) -> Result<Vec<Committed>> {
         let mut out = Vec::new();
         while self.in_flight > 0 {
             let next = if wait_for_all {
@@ -125,24 +141,36 @@ impl Drop for Committer {
     }
 }
 
-/// State and output to SQLite in one transaction, output to DuckDB in one transaction, then
+/// Turns a panic payload into text for an error message.
+pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(p) => match p.downcast::<&'static str>() {
+            Ok(s) => (*s).to_string(),
+            Err(_) => "unknown panic".to_string(),
+        },
+    }
+}
+
+/// State and output to SQLite in one transaction, output to the sink in one transaction, then
 /// the output is marked applied.
 fn commit(
     checkpoint: &Checkpoint,
-    conn: &PooledConn,
+    sink: &mut dyn OutputSink,
     target: &Target,
     state: &CycleState,
 ) -> Result<()> {
-    crate::testing::panic_point("commit");
+    crate::fault::panic_point("commit");
+    state.batch.check().map_err(EtlError::Internal)?;
     let pending = match state.seq {
         Some(seq) => {
-            let mut encoded = Vec::new();
-            state.batch.encode(&mut encoded);
+            let mut encoded = Vec::with_capacity(state.batch.windows.byte_len() + 4096);
+            state.batch.encode(&target.schemas, &mut encoded);
             Some(Pending {
                 seq,
-                windows_table: target.tables.windows.sql(),
-                late_table: target.tables.late.sql(),
-                dead_letter_table: target.tables.dead.sql(),
+                windows_table: target.tables.windows.clone(),
+                late_table: target.tables.late.clone(),
+                dead_letter_table: target.tables.dead.clone(),
                 topic: target.topic.clone(),
                 batch: encoded,
             })
@@ -161,8 +189,15 @@ fn commit(
         },
     )?;
     if let Some(p) = pending {
-        sink::apply(conn.conn()?, &target.tables, &target.topic, &state.batch)?;
-        crate::testing::crash_point("after-sink-commit");
+        sink.apply(&Output {
+            job: &target.job,
+            seq: p.seq,
+            tables: &target.tables,
+            schemas: &target.schemas,
+            batch: &state.batch,
+            replay: false,
+        })?;
+        crate::fault::crash_point("after-sink-commit");
         checkpoint.applied(&target.job, p.seq)?;
     }
     Ok(())

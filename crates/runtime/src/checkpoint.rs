@@ -7,16 +7,15 @@
 //! leaves either the old state (the cycle is redone) or the new state with its output in the
 //! outbox (re-applied by the next run): nothing is lost and nothing is counted twice.
 
-use std::fs::File;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::error::{EtlError, Result};
-use crate::host::Host;
-use crate::params::CheckpointLocation;
-use crate::state::{JobSettings, PartitionState};
-use crate::watermark::NO_WATERMARK;
+use streaming_etl_core::error::{EtlError, Result};
+use streaming_etl_core::state::{JobSettings, PartitionState};
+use streaming_etl_core::watermark::NO_WATERMARK;
+
+use crate::config::CheckpointLocation;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS streaming_etl_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -34,7 +33,8 @@ CREATE TABLE IF NOT EXISTS jobs (
   open_window_count INTEGER NOT NULL DEFAULT 0,
   next_seq INTEGER NOT NULL DEFAULT 1,
   created_ms INTEGER NOT NULL,
-  updated_ms INTEGER NOT NULL);
+  updated_ms INTEGER NOT NULL,
+  settings TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS partitions (
   job TEXT NOT NULL,
   partition INTEGER NOT NULL,
@@ -55,6 +55,9 @@ CREATE TABLE IF NOT EXISTS outbox (
   batch BLOB NOT NULL,
   PRIMARY KEY (job, seq));
 ";
+
+/// Columns added after version 0.1, added to older checkpoints when they are opened.
+const ADDED_COLUMNS: &[(&str, &str, &str)] = &[("jobs", "settings", "TEXT NOT NULL DEFAULT ''")];
 
 /// A job as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,6 +110,9 @@ pub struct CheckpointRow {
     pub last_update_ms: i64,
 }
 
+/// An open checkpoint. Clones share the connection (the in-memory checkpoint of an in-memory
+/// database is shared by every run against that database).
+#[derive(Clone)]
 pub struct Checkpoint {
     conn: Arc<Mutex<Connection>>,
     path: String,
@@ -116,59 +122,99 @@ fn sql_err(path: &str) -> impl Fn(rusqlite::Error) -> EtlError + '_ {
     move |e| EtlError::checkpoint(path, e)
 }
 
-impl Checkpoint {
-    /// Opens (creating when missing) the checkpoint at `location`.
-    pub fn open(location: &CheckpointLocation, host: &Host) -> Result<Checkpoint> {
-        match location {
-            CheckpointLocation::Memory => {
-                let conn = host.memory_checkpoint(|| {
-                    let c = Connection::open_in_memory().map_err(sql_err(":memory:"))?;
-                    c.execute_batch(SCHEMA).map_err(sql_err(":memory:"))?;
-                    Ok(c)
-                })?;
-                Ok(Checkpoint {
-                    conn,
-                    path: ":memory:".into(),
-                })
-            }
-            CheckpointLocation::File(path) => {
-                let conn = Connection::open(path).map_err(|e| {
-                    EtlError::checkpoint(path, format!("cannot open or create it: {e}"))
-                })?;
-                let err = sql_err(path);
-                conn.busy_timeout(std::time::Duration::from_secs(30))
-                    .map_err(&err)?;
-                // Reading the header first turns "not a database" into an error right here.
-                let mode: String = conn
-                    .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-                    .map_err(|e| {
-                        EtlError::checkpoint(path, format!("not a usable checkpoint file: {e}"))
-                    })?;
-                if !mode.eq_ignore_ascii_case("wal") {
-                    return Err(EtlError::checkpoint(
-                        path,
-                        format!("cannot switch it to WAL mode (got journal_mode={mode}); is its directory writable?"),
-                    ));
-                }
-                conn.execute_batch("PRAGMA synchronous=FULL;")
-                    .map_err(&err)?;
-                let check: String = conn
-                    .query_row("PRAGMA quick_check", [], |r| r.get(0))
-                    .map_err(|e| EtlError::checkpoint(path, format!("the file is damaged: {e}")))?;
-                if check != "ok" {
-                    return Err(EtlError::checkpoint(
-                        path,
-                        format!("the file is damaged: {check}"),
-                    ));
-                }
-                conn.execute_batch(SCHEMA)
-                    .map_err(|e| EtlError::checkpoint(path, format!("cannot write it: {e}")))?;
-                Ok(Checkpoint {
-                    conn: Arc::new(Mutex::new(conn)),
-                    path: path.clone(),
-                })
-            }
+fn create_schema(conn: &Connection, path: &str) -> Result<()> {
+    conn.execute_batch(SCHEMA)
+        .map_err(|e| EtlError::checkpoint(path, format!("cannot write it: {e}")))?;
+    for (table, column, decl) in ADDED_COLUMNS {
+        let present: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2",
+                [table, column],
+                |r| r.get(0),
+            )
+            .map_err(sql_err(path))?;
+        if present == 0 {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))
+                .map_err(|e| EtlError::checkpoint(path, format!("cannot upgrade it: {e}")))?;
         }
+    }
+    Ok(())
+}
+
+impl Checkpoint {
+    /// A new checkpoint in memory (it lives as long as the value and its clones).
+    pub fn open_memory() -> Result<Checkpoint> {
+        let c = Connection::open_in_memory().map_err(sql_err(":memory:"))?;
+        create_schema(&c, ":memory:")?;
+        Ok(Checkpoint {
+            conn: Arc::new(Mutex::new(c)),
+            path: ":memory:".into(),
+        })
+    }
+
+    /// Opens (creating when missing) the checkpoint file at `path`.
+    pub fn open_file(path: &str) -> Result<Checkpoint> {
+        let conn = Connection::open(path)
+            .map_err(|e| EtlError::checkpoint(path, format!("cannot open or create it: {e}")))?;
+        let err = sql_err(path);
+        conn.busy_timeout(std::time::Duration::from_secs(30))
+            .map_err(&err)?;
+        // Reading the header first turns "not a database" into an error right here.
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(|e| {
+                EtlError::checkpoint(path, format!("not a usable checkpoint file: {e}"))
+            })?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(EtlError::checkpoint(
+                path,
+                format!("cannot switch it to WAL mode (got journal_mode={mode}); is its directory writable?"),
+            ));
+        }
+        conn.execute_batch("PRAGMA synchronous=FULL;")
+            .map_err(&err)?;
+        let check: String = conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(|e| EtlError::checkpoint(path, format!("the file is damaged: {e}")))?;
+        if check != "ok" {
+            return Err(EtlError::checkpoint(
+                path,
+                format!("the file is damaged: {check}"),
+            ));
+        }
+        create_schema(&conn, path)?;
+        Ok(Checkpoint {
+            conn: Arc::new(Mutex::new(conn)),
+            path: path.to_string(),
+        })
+    }
+
+    /// Opens an existing checkpoint file for reading only; None when there is none (or it has
+    /// no jobs table yet). Creates nothing.
+    pub fn open_read_only(path: &str) -> Result<Option<Checkpoint>> {
+        if !std::path::Path::new(path).exists() {
+            return Ok(None);
+        }
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(|e| EtlError::checkpoint(path, format!("cannot open it: {e}")))?;
+        conn.busy_timeout(std::time::Duration::from_secs(30))
+            .map_err(sql_err(path))?;
+        let has_jobs: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'jobs'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| {
+                EtlError::checkpoint(path, format!("not a usable checkpoint file: {e}"))
+            })?;
+        if has_jobs == 0 {
+            return Ok(None);
+        }
+        Ok(Some(Checkpoint {
+            conn: Arc::new(Mutex::new(conn)),
+            path: path.to_string(),
+        }))
     }
 
     pub fn path(&self) -> &str {
@@ -185,7 +231,7 @@ impl Checkpoint {
         let head = db
             .query_row(
                 "SELECT source, window_ms, lateness_ms, key_field, time_field, value_field,
-                        watermark_ms, open_windows, next_seq FROM jobs WHERE job = ?1",
+                        watermark_ms, open_windows, next_seq, settings FROM jobs WHERE job = ?1",
                 [job],
                 |r| {
                     Ok((
@@ -196,6 +242,7 @@ impl Checkpoint {
                             key_field: r.get(3)?,
                             time_field: r.get(4)?,
                             value_field: r.get(5)?,
+                            extra: JobSettings::parse_extra(&r.get::<_, String>(9)?),
                         },
                         r.get::<_, Option<i64>>(6)?,
                         r.get::<_, Option<Vec<u8>>>(7)?,
@@ -240,9 +287,9 @@ impl Checkpoint {
     pub fn create_job(&self, job: &str, s: &JobSettings, now_ms: i64) -> Result<()> {
         self.db()
             .execute(
-                "INSERT INTO jobs (job, source, window_ms, lateness_ms, key_field, time_field, value_field, created_ms, updated_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)",
-                params![job, s.source, s.window_ms, s.lateness_ms, s.key_field, s.time_field, s.value_field, now_ms],
+                "INSERT INTO jobs (job, source, window_ms, lateness_ms, key_field, time_field, value_field, created_ms, updated_ms, settings)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, ?9)",
+                params![job, s.source, s.window_ms, s.lateness_ms, s.key_field, s.time_field, s.value_field, now_ms, s.extra_text()],
             )
             .map_err(|e| EtlError::checkpoint(&self.path, format!("cannot write it: {e}")))?;
         Ok(())
@@ -328,7 +375,7 @@ impl Checkpoint {
             )
             .map_err(&err)?;
         }
-        crate::testing::crash_point("checkpoint-before-commit");
+        crate::fault::crash_point("checkpoint-before-commit");
         tx.commit().map_err(&err)?;
         Ok(())
     }
@@ -392,107 +439,19 @@ impl Checkpoint {
 }
 
 /// The rows of `streaming_etl_checkpoint()`: reads without creating or changing anything (a
-/// checkpoint that does not exist yet has no rows).
+/// checkpoint that does not exist yet has no rows). `memory` is the in-memory checkpoint, if
+/// one was made.
 pub fn inspect(
     location: &CheckpointLocation,
-    host: &Host,
+    memory: Option<Checkpoint>,
     job: Option<&str>,
 ) -> Result<Vec<CheckpointRow>> {
     let checkpoint = match location {
-        CheckpointLocation::Memory => match host.existing_memory_checkpoint() {
-            Some(conn) => Checkpoint {
-                conn,
-                path: ":memory:".into(),
-            },
-            None => return Ok(Vec::new()),
-        },
-        CheckpointLocation::File(path) => {
-            if !std::path::Path::new(path).exists() {
-                return Ok(Vec::new());
-            }
-            let conn =
-                Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-                    .map_err(|e| EtlError::checkpoint(path, format!("cannot open it: {e}")))?;
-            conn.busy_timeout(std::time::Duration::from_secs(30))
-                .map_err(sql_err(path))?;
-            let has_jobs: i64 = conn
-                .query_row(
-                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'jobs'",
-                    [],
-                    |r| r.get(0),
-                )
-                .map_err(|e| {
-                    EtlError::checkpoint(path, format!("not a usable checkpoint file: {e}"))
-                })?;
-            if has_jobs == 0 {
-                return Ok(Vec::new());
-            }
-            Checkpoint {
-                conn: Arc::new(Mutex::new(conn)),
-                path: path.clone(),
-            }
-        }
+        CheckpointLocation::Memory => memory,
+        CheckpointLocation::File(path) => Checkpoint::open_read_only(path)?,
     };
-    checkpoint.rows(job)
-}
-
-/// Exclusive right to run one job, released on drop (also when the process dies).
-pub enum JobLock {
-    File(File),
-    Memory(Arc<Host>, String),
-}
-
-impl Drop for JobLock {
-    fn drop(&mut self) {
-        if let JobLock::Memory(host, job) = self {
-            host.release_memory_job(job);
-        }
-    }
-}
-
-/// Takes the job's lock: a byte (chosen by hashing the job name) of `<checkpoint>.lock`.
-pub fn lock_job(location: &CheckpointLocation, job: &str, host: &Arc<Host>) -> Result<JobLock> {
-    let busy = |path: &str| EtlError::JobBusy {
-        job: job.to_string(),
-        path: path.to_string(),
-    };
-    match location {
-        CheckpointLocation::Memory => {
-            if host.claim_memory_job(job) {
-                Ok(JobLock::Memory(Arc::clone(host), job.to_string()))
-            } else {
-                Err(busy(":memory:"))
-            }
-        }
-        CheckpointLocation::File(path) => {
-            let lock_path = format!("{path}.lock");
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&lock_path)
-                .map_err(|e| {
-                    EtlError::checkpoint(
-                        path,
-                        format!("cannot create its lock file '{lock_path}': {e}"),
-                    )
-                })?;
-            // FNV-1a of the job name picks the byte; a collision only makes two jobs wait
-            // for each other, never run together.
-            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-            for b in job.bytes() {
-                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-            }
-            let offset = (h >> 2) as i64;
-            match crate::ffi::try_lock_byte(&file, offset) {
-                Ok(true) => Ok(JobLock::File(file)),
-                Ok(false) => Err(busy(path)),
-                Err(e) => Err(EtlError::checkpoint(
-                    path,
-                    format!("cannot lock '{lock_path}': {e}"),
-                )),
-            }
-        }
+    match checkpoint {
+        Some(c) => c.rows(job),
+        None => Ok(Vec::new()),
     }
 }

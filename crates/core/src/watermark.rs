@@ -72,12 +72,6 @@ impl Watermarks {
         self.clocks[idx].max_event_time_ms
     }
 
-    pub fn partition_watermark_ms(&self, idx: usize) -> Option<i64> {
-        self.clocks[idx]
-            .max_event_time_ms
-            .map(|m| m.saturating_sub(self.lateness_ms))
-    }
-
     /// Records an event time of partition `idx`; returns whether the global watermark advanced.
     #[inline]
     pub fn observe(&mut self, idx: usize, event_time_ms: i64) -> bool {
@@ -179,7 +173,7 @@ mod tests {
         assert!(w.observe(0, 1000));
         assert_eq!(w.global_ms(), 800);
         assert!(!w.observe(0, 900), "an older event does not move it");
-        assert_eq!(w.partition_watermark_ms(0), Some(800));
+        assert_eq!(w.clocks()[0].max_event_time_ms, Some(1000));
     }
 
     #[test]

@@ -10,12 +10,12 @@
 
 use std::time::Instant;
 
-use crate::decode::{DecodeError, Decoder, Field};
+use crate::decode::{DecodeError, Decoder, Field, FieldPath};
 use crate::error::Result;
 use crate::source::{Message, Pull, Source};
-use crate::state::{Batch, DeadRow, LateRow};
+use crate::state::{Batch, CodecError, OutputSchemas};
 use crate::watermark::{PartitionClock, Watermarks, NO_WATERMARK};
-use crate::window::{window_end_ms, window_start_ms, Aggregate, WindowStore};
+use crate::window::{default_windows_schema, window_end_ms, window_start_ms, WindowStore};
 
 /// Running totals of a run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +29,8 @@ pub struct Counters {
 /// The event-time core for one job: pure state, fed one message at a time.
 pub struct Engine {
     window_ms: i64,
+    /// The `topic` column of late events and dead letters.
+    topic: String,
     decoder: Decoder,
     windows: WindowStore,
     marks: Watermarks,
@@ -49,12 +51,37 @@ pub struct TimeSpec {
     pub idle_timeout_ms: Option<i64>,
 }
 
-/// Where a job left off: the watermark floor, each partition's progress, the open windows.
+/// Everything the engine of a job is configured with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub time: TimeSpec,
+    pub key_field: FieldPath,
+    pub time_field: FieldPath,
+    pub value_field: FieldPath,
+}
+
+impl EngineConfig {
+    /// The output tables of a job with these settings.
+    pub fn schemas(&self) -> OutputSchemas {
+        OutputSchemas::new(default_windows_schema())
+    }
+
+    fn decoder(&self) -> Decoder {
+        Decoder::new(
+            self.key_field.clone(),
+            self.time_field.clone(),
+            self.value_field.clone(),
+        )
+    }
+}
+
+/// Where a job left off: the watermark floor, each partition's progress, the open windows (in
+/// their checkpoint form; None for a new job).
 #[derive(Debug, Default)]
 pub struct Restored {
     pub floor_ms: i64,
     pub partitions: Vec<PartitionProgress>,
-    pub open_windows: Vec<(i64, Box<str>, Aggregate)>,
+    pub open_windows: Option<Vec<u8>>,
 }
 
 /// A partition's position as the engine starts or checkpoints it.
@@ -66,14 +93,22 @@ pub struct PartitionProgress {
 }
 
 impl Engine {
-    pub fn new(spec: TimeSpec, decoder: Decoder, restored: Restored, now_ms: i64) -> Engine {
-        let mut windows = WindowStore::new(spec.window_ms);
-        for (start, key, agg) in restored.open_windows {
-            windows.insert(start, key, agg);
-        }
+    pub fn new(
+        cfg: &EngineConfig,
+        restored: Restored,
+        now_ms: i64,
+        topic: &str,
+    ) -> Result<Engine, CodecError> {
+        let spec = cfg.time;
+        let decoder = cfg.decoder();
+        let windows = match &restored.open_windows {
+            Some(data) => WindowStore::decode(spec.window_ms, data)?,
+            None => WindowStore::new(spec.window_ms),
+        };
         let partitions = &restored.partitions;
-        Engine {
+        Ok(Engine {
             window_ms: spec.window_ms,
+            topic: topic.to_string(),
             decoder,
             windows,
             marks: Watermarks::new(
@@ -84,10 +119,10 @@ impl Engine {
             ),
             partitions: partitions.iter().map(|p| p.partition).collect(),
             next_offsets: partitions.iter().map(|p| p.next_offset).collect(),
-            out: Batch::default(),
+            out: Batch::new(&cfg.schemas()),
             counters: Counters::default(),
             now_ms,
-        }
+        })
     }
 
     pub fn counters(&self) -> Counters {
@@ -102,8 +137,9 @@ impl Engine {
         self.windows.open_windows()
     }
 
-    pub fn windows(&self) -> &WindowStore {
-        &self.windows
+    /// The open windows in their checkpoint form.
+    pub fn encode_open_windows(&self, out: &mut Vec<u8>) {
+        self.windows.encode(out);
     }
 
     #[cfg(test)]
@@ -111,10 +147,16 @@ impl Engine {
         &self.out
     }
 
-    /// Hands over the output gathered since the last call.
+    /// Hands over the output gathered since the last call (`into` must have this job's
+    /// schemas; it comes back empty for the next call).
     pub fn take_output(&mut self, into: &mut Batch) {
         into.clear();
         std::mem::swap(into, &mut self.out);
+    }
+
+    /// Late and dead rows waiting in the output (bounds a cycle's memory).
+    pub fn pending_side_rows(&self) -> usize {
+        self.out.late.len() + self.out.dead.len()
     }
 
     /// Every partition's position and event-time progress, for a checkpoint.
@@ -171,18 +213,22 @@ impl Engine {
         let watermark = self.marks.global_ms();
         if end <= watermark {
             self.counters.late_events += 1;
-            self.out.late.push(LateRow {
-                key: key.to_string(),
-                event_time_ms: t,
-                ingest_time_ms: self.now_ms,
-                // Decoding checked the message is UTF-8.
-                payload: String::from_utf8_lossy(msg.payload).into_owned(),
-                window_start_ms: start,
-                window_end_ms: end,
-                watermark_ms: watermark,
-                partition,
-                offset: msg.offset,
-            });
+            // Decoding checked the message is UTF-8.
+            let payload = std::str::from_utf8(msg.payload).unwrap_or_default();
+            self.out
+                .late
+                .row()
+                .str(key)
+                .i64(t)
+                .i64(self.now_ms)
+                .str(payload)
+                .i64(start)
+                .i64(end)
+                .i64(watermark)
+                .str(&self.topic)
+                .i32(partition)
+                .i64(msg.offset)
+                .finish();
         } else {
             self.windows.add(start, key, decoded.value);
         }
@@ -198,23 +244,26 @@ impl Engine {
             "messages at offsets {from} to {} were deleted by the broker (retention) before this job read them",
             to - 1
         );
-        self.push_dead(self.partitions[idx], from, Vec::new(), error);
+        self.push_dead(self.partitions[idx], from, &[], &error);
     }
 
     fn dead(&mut self, partition: i32, msg: &Message<'_>, e: DecodeError) {
         let error = self.decoder.describe(e);
-        self.push_dead(partition, msg.offset, msg.payload.to_vec(), error);
+        self.push_dead(partition, msg.offset, msg.payload, &error);
     }
 
-    fn push_dead(&mut self, partition: i32, offset: i64, raw: Vec<u8>, error: String) {
+    fn push_dead(&mut self, partition: i32, offset: i64, raw: &[u8], error: &str) {
         self.counters.dead_letters += 1;
-        self.out.dead.push(DeadRow {
-            partition,
-            offset,
-            ingest_time_ms: self.now_ms,
-            raw,
-            error,
-        });
+        self.out
+            .dead
+            .row()
+            .str(&self.topic)
+            .i32(partition)
+            .i64(offset)
+            .i64(self.now_ms)
+            .bytes(raw)
+            .str(error)
+            .finish();
     }
 
     fn close_windows(&mut self) {
@@ -340,8 +389,7 @@ pub fn read_cycle(
                 stop = Some(Stop::CycleEnd);
                 return false;
             }
-            let pending = engine.out.late.len() + engine.out.dead.len();
-            if pending >= limits.max_pending_rows {
+            if engine.pending_side_rows() >= limits.max_pending_rows {
                 stop = Some(Stop::CycleEnd);
                 return false;
             }
@@ -374,16 +422,21 @@ pub fn reported_watermark(ms: i64) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::FieldPath;
+    use crate::rows::OwnedCell;
     use crate::source::memory::MemorySource;
     use std::time::Duration;
 
-    fn decoder() -> Decoder {
-        Decoder::new(
-            FieldPath::parse("key").unwrap(),
-            FieldPath::parse("event_time_ms").unwrap(),
-            FieldPath::parse("payload.value").unwrap(),
-        )
+    fn config(window: i64, lateness: i64) -> EngineConfig {
+        EngineConfig {
+            time: TimeSpec {
+                window_ms: window,
+                lateness_ms: lateness,
+                idle_timeout_ms: None,
+            },
+            key_field: FieldPath::parse("key").unwrap(),
+            time_field: FieldPath::parse("event_time_ms").unwrap(),
+            value_field: FieldPath::parse("payload.value").unwrap(),
+        }
     }
 
     fn ev(key: &str, t: i64, v: f64) -> String {
@@ -398,17 +451,27 @@ mod tests {
                 clock: PartitionClock::new(None, 0),
             })
             .collect();
-        let spec = TimeSpec {
-            window_ms: window,
-            lateness_ms: lateness,
-            idle_timeout_ms: None,
-        };
         let restored = Restored {
             floor_ms: NO_WATERMARK,
             partitions: progress,
-            open_windows: vec![],
+            open_windows: None,
         };
-        Engine::new(spec, decoder(), restored, 0)
+        Engine::new(&config(window, lateness), restored, 0, "t").unwrap()
+    }
+
+    fn i64_of(c: &OwnedCell) -> i64 {
+        match c {
+            OwnedCell::I64(v) => *v,
+            OwnedCell::I32(v) => i64::from(*v),
+            other => panic!("not an integer: {other:?}"),
+        }
+    }
+
+    fn str_of(c: &OwnedCell) -> String {
+        match c {
+            OwnedCell::Str(s) => s.clone(),
+            other => panic!("not text: {other:?}"),
+        }
     }
 
     fn limits(max: u64) -> CycleLimits {
@@ -447,44 +510,41 @@ mod tests {
             if stop == Stop::CaughtUp && flush {
                 eng.flush();
             }
-            let mut b = Batch::default();
+            let mut b = Batch::new(&config(1000, 200).schemas());
             eng.take_output(&mut b);
-            windows.extend(b.windows.iter().map(|w| {
-                (
-                    w.start_ms,
-                    w.key.to_string(),
-                    w.agg.count,
-                    w.agg.sum_value(),
-                )
+            windows.extend(b.windows.to_vec().iter().map(|w| {
+                let sum = match w[4] {
+                    OwnedCell::F64(v) => Some(v),
+                    _ => None,
+                };
+                (i64_of(&w[0]), str_of(&w[2]), i64_of(&w[3]), sum)
             }));
-            late.extend(b.late.iter().map(|l| (l.partition, l.offset)));
+            late.extend(
+                b.late
+                    .to_vec()
+                    .iter()
+                    .map(|l| (i64_of(&l[8]) as i32, i64_of(&l[9]))),
+            );
             dead += b.dead.len() as u64;
             if stop == Stop::CaughtUp {
                 break;
             }
             // Resume like a restart: rebuild the engine from its checkpointable state.
-            let open: Vec<_> = eng
-                .windows()
-                .iter()
-                .map(|(s, k, a)| (s, k.into(), *a))
-                .collect();
+            let mut open = Vec::new();
+            eng.encode_open_windows(&mut open);
             let progress = eng.progress();
             let floor = eng.watermark_ms();
-            let spec = TimeSpec {
-                window_ms: 1000,
-                lateness_ms: 200,
-                idle_timeout_ms: None,
-            };
             eng = Engine::new(
-                spec,
-                decoder(),
+                &config(1000, 200),
                 Restored {
                     floor_ms: floor,
                     partitions: progress,
-                    open_windows: open,
+                    open_windows: Some(open),
                 },
                 0,
-            );
+                "t",
+            )
+            .unwrap();
         }
         windows.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         late.sort();
@@ -522,18 +582,14 @@ mod tests {
         let mut src = MemorySource::new(vec![p0], &[0]);
         read_cycle(&mut eng, &mut src, &mut [false], &limits(u64::MAX), &|| 0).unwrap();
         let out = eng.output();
-        assert_eq!(out.late.len(), 1);
-        let l = &out.late[0];
-        assert_eq!(
-            (
-                l.event_time_ms,
-                l.window_start_ms,
-                l.window_end_ms,
-                l.watermark_ms,
-                l.offset
-            ),
-            (1500, 1000, 2000, 4800, 2)
-        );
+        let late = out.late.to_vec();
+        assert_eq!(late.len(), 1);
+        let l: Vec<i64> = [1, 4, 5, 6, 9]
+            .iter()
+            .map(|&c| i64_of(&late[0][c]))
+            .collect();
+        assert_eq!(l, vec![1500, 1000, 2000, 4800, 2]);
+        assert_eq!(str_of(&late[0][7]), "t");
         // Window [1000,2000) closed at watermark 4800 with one event; 4300 is on time (end 5000 > 4800).
         assert_eq!(out.windows.len(), 1);
         assert_eq!(eng.open_windows(), 2);
@@ -566,8 +622,9 @@ mod tests {
         let reasons: Vec<_> = eng
             .output()
             .dead
+            .to_vec()
             .iter()
-            .map(|d| (d.offset, d.error.clone()))
+            .map(|d| (i64_of(&d[2]), str_of(&d[5])))
             .collect();
         assert_eq!(
             reasons,
@@ -658,7 +715,7 @@ mod tests {
             },
         );
         eng.flush();
-        assert_eq!(&*eng.output().windows[0].key, "from-kafka");
+        assert_eq!(str_of(&eng.output().windows.to_vec()[0][2]), "from-kafka");
         assert_eq!(eng.output().dead.len(), 1);
     }
 }

@@ -21,7 +21,7 @@ pub enum EtlError {
     #[error("job '{job}' was checkpointed with {setting} = {stored}, but this run has {setting} = {requested}; run it with the same settings, or under another job name (job := '...') or checkpoint")]
     SettingsChanged {
         job: String,
-        setting: &'static str,
+        setting: String,
         stored: String,
         requested: String,
     },

@@ -5,6 +5,26 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::rows::{ColumnType, Rows, TableSchema};
+use crate::state::{CodecError, Reader, Writer};
+
+/// The windows table of a job with the default key and aggregates (SPEC section 5).
+pub fn default_windows_schema() -> TableSchema {
+    use ColumnType::*;
+    TableSchema::new(
+        &[
+            ("window_start_ms", BigInt),
+            ("window_end_ms", BigInt),
+            ("key", Varchar),
+            ("count", BigInt),
+            ("sum_value", Double),
+            ("min_value", Double),
+            ("max_value", Double),
+        ],
+        &["key", "window_start_ms"],
+    )
+}
+
 /// `floor(event_time_ms / window_ms) * window_ms`, flooring also for negative times.
 #[inline]
 pub fn window_start_ms(event_time_ms: i64, window_ms: i64) -> i64 {
@@ -86,15 +106,6 @@ impl Aggregate {
     pub fn max_value(&self) -> Option<f64> {
         (self.values > 0).then_some(self.max)
     }
-}
-
-/// A window that the watermark has passed: final, written once.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ClosedWindow {
-    pub start_ms: i64,
-    pub end_ms: i64,
-    pub key: Box<str>,
-    pub agg: Aggregate,
 }
 
 /// FxHash: keys are short strings hashed once per event, where SipHash would cost more than the
@@ -182,8 +193,9 @@ impl WindowStore {
         }
     }
 
-    /// Moves every window whose end is at or before `watermark_ms` to `out`.
-    pub fn close_through(&mut self, watermark_ms: i64, out: &mut Vec<ClosedWindow>) {
+    /// Writes every window whose end is at or before `watermark_ms` to `out` (rows of the
+    /// windows table) and forgets it.
+    pub fn close_through(&mut self, watermark_ms: i64, out: &mut Rows) {
         while let Some(entry) = self.buckets.first_entry() {
             let start = *entry.key();
             let end = window_end_ms(start, self.window_ms);
@@ -196,7 +208,7 @@ impl WindowStore {
     }
 
     /// Closes every open window (end of bounded input); returns the latest end closed.
-    pub fn close_all(&mut self, out: &mut Vec<ClosedWindow>) -> Option<i64> {
+    pub fn close_all(&mut self, out: &mut Rows) -> Option<i64> {
         let mut last_end = None;
         while let Some((start, bucket)) = self.buckets.pop_first() {
             let end = window_end_ms(start, self.window_ms);
@@ -208,20 +220,19 @@ impl WindowStore {
         last_end
     }
 
-    fn drain_bucket(
-        &mut self,
-        start: i64,
-        end: i64,
-        mut bucket: Bucket,
-        out: &mut Vec<ClosedWindow>,
-    ) {
+    fn drain_bucket(&mut self, start: i64, end: i64, mut bucket: Bucket, out: &mut Rows) {
         self.open -= bucket.len();
-        out.extend(bucket.drain().map(|(key, agg)| ClosedWindow {
-            start_ms: start,
-            end_ms: end,
-            key,
-            agg,
-        }));
+        for (key, agg) in bucket.drain() {
+            out.row()
+                .i64(start)
+                .i64(end)
+                .str(&key)
+                .i64(agg.count)
+                .opt_f64(agg.sum_value())
+                .opt_f64(agg.min_value())
+                .opt_f64(agg.max_value())
+                .finish();
+        }
         if self.spare.len() < 64 {
             self.spare.push(bucket);
         }
@@ -237,11 +248,53 @@ impl WindowStore {
             .iter()
             .flat_map(|(&s, b)| b.iter().map(move |(k, a)| (s, &**k, a)))
     }
+
+    /// The open windows in their checkpoint form.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut w = Writer(out);
+        w.u8(1);
+        w.u64(self.open as u64);
+        for (start, key, a) in self.iter() {
+            w.i64(start);
+            w.bytes(key.as_bytes());
+            w.i64(a.count);
+            w.i64(a.values);
+            w.f64(a.sum);
+            w.f64(a.compensation);
+            w.f64(a.min);
+            w.f64(a.max);
+        }
+    }
+
+    /// Restores the open windows written by [`WindowStore::encode`].
+    pub fn decode(window_ms: i64, data: &[u8]) -> Result<WindowStore, CodecError> {
+        let mut store = WindowStore::new(window_ms);
+        let mut r = Reader { b: data, i: 0 };
+        if r.u8()? != 1 {
+            return Err(CodecError("unknown format version"));
+        }
+        for _ in 0..r.count()? {
+            let start = r.i64()?;
+            let key = r.string()?.into_boxed_str();
+            let agg = Aggregate {
+                count: r.i64()?,
+                values: r.i64()?,
+                sum: r.f64()?,
+                compensation: r.f64()?,
+                min: r.f64()?,
+                max: r.f64()?,
+            };
+            store.insert(start, key, agg);
+        }
+        r.end()?;
+        Ok(store)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rows::OwnedCell::{Str, F64, I64};
 
     #[test]
     fn window_bounds_floor_also_for_negative_times() {
@@ -292,24 +345,25 @@ mod tests {
         w.add(-1000, "a", None);
         w.add(0, "a", Some(5.0));
         assert_eq!(w.open_windows(), 4);
-        let mut out = Vec::new();
+        let mut out = Rows::new(default_windows_schema().types());
         w.close_through(999, &mut out);
-        assert_eq!(out.len(), 1);
-        assert_eq!(
-            (out[0].start_ms, out[0].end_ms, out[0].agg.count),
-            (-1000, 0, 1)
-        );
+        let rows = out.to_vec();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0][..4], [I64(-1000), I64(0), Str("a".into()), I64(1)]);
         out.clear();
         w.close_through(1000, &mut out);
-        out.sort_by(|x, y| x.key.cmp(&y.key));
-        assert_eq!(out.len(), 2);
-        assert_eq!(
-            (&*out[0].key, out[0].agg.count, out[0].agg.sum_value()),
-            ("a", 2, Some(6.0))
-        );
+        let mut rows = out.to_vec();
+        rows.sort_by(|x, y| format!("{:?}", x[2]).cmp(&format!("{:?}", y[2])));
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0][2..5], [Str("a".into()), I64(2), F64(6.0)]);
         assert_eq!(w.open_windows(), 1);
+        let mut saved = Vec::new();
+        w.encode(&mut saved);
+        let mut back = WindowStore::decode(1000, &saved).unwrap();
+        assert_eq!(back.open_windows(), 1);
         out.clear();
-        assert_eq!(w.close_all(&mut out), Some(2000));
-        assert_eq!(w.open_windows(), 0);
+        assert_eq!(back.close_all(&mut out), Some(2000));
+        assert_eq!(back.open_windows(), 0);
+        assert!(WindowStore::decode(1000, &saved[..saved.len() - 1]).is_err());
     }
 }

@@ -2,8 +2,6 @@
 //! a single pass, without building a JSON tree and without allocating, while the rest of the
 //! message is still checked to be valid JSON (a message a JSON parser rejects is a dead letter).
 
-use std::fmt;
-
 /// Event times outside years 1..=9999 are rejected: they are almost always unit mistakes
 /// (seconds or microseconds), and inside this range window arithmetic cannot overflow.
 pub const MIN_EVENT_TIME_MS: i64 = -62_135_596_800_000;
@@ -205,16 +203,6 @@ impl Decoder {
                 "missing key: no key field and the message key is not valid UTF-8".to_string()
             }
         }
-    }
-}
-
-impl fmt::Display for Field {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Field::Key => "key",
-            Field::Time => "time",
-            Field::Value => "value",
-        })
     }
 }
 

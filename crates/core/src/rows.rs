@@ -1,0 +1,597 @@
+//! Output rows. Each output table is declared once, as a [`TableSchema`] (column names, types
+//! and primary key); its rows are kept in a compact binary encoding derived from that schema.
+//! The same bytes are the engine's output buffer, the checkpoint outbox's format and what the
+//! DuckDB sink reads, so a column cannot be written in one order and read in another.
+
+use std::fmt;
+
+/// The SQL types of output columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ColumnType {
+    Boolean,
+    Integer,
+    BigInt,
+    Double,
+    Varchar,
+    Blob,
+}
+
+impl ColumnType {
+    /// The DuckDB type name.
+    pub fn sql(self) -> &'static str {
+        match self {
+            ColumnType::Boolean => "BOOLEAN",
+            ColumnType::Integer => "INTEGER",
+            ColumnType::BigInt => "BIGINT",
+            ColumnType::Double => "DOUBLE",
+            ColumnType::Varchar => "VARCHAR",
+            ColumnType::Blob => "BLOB",
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            ColumnType::Boolean => 1,
+            ColumnType::Integer => 2,
+            ColumnType::BigInt => 3,
+            ColumnType::Double => 4,
+            ColumnType::Varchar => 5,
+            ColumnType::Blob => 6,
+        }
+    }
+
+    fn from_code(c: u8) -> Option<ColumnType> {
+        Some(match c {
+            1 => ColumnType::Boolean,
+            2 => ColumnType::Integer,
+            3 => ColumnType::BigInt,
+            4 => ColumnType::Double,
+            5 => ColumnType::Varchar,
+            6 => ColumnType::Blob,
+            _ => return None,
+        })
+    }
+}
+
+/// One column of an output table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    pub name: String,
+    pub ty: ColumnType,
+}
+
+/// An output table's shape: its columns in order and its primary key (column names, in key
+/// order; empty for a table without one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableSchema {
+    pub columns: Vec<Column>,
+    pub primary_key: Vec<String>,
+}
+
+fn columns(list: &[(&str, ColumnType)]) -> Vec<Column> {
+    list.iter()
+        .map(|&(name, ty)| Column {
+            name: name.to_string(),
+            ty,
+        })
+        .collect()
+}
+
+impl TableSchema {
+    pub fn new(list: &[(&str, ColumnType)], primary_key: &[&str]) -> TableSchema {
+        TableSchema {
+            columns: columns(list),
+            primary_key: primary_key.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// `late_events` (SPEC section 5).
+    pub fn late_events() -> TableSchema {
+        use ColumnType::*;
+        TableSchema::new(
+            &[
+                ("key", Varchar),
+                ("event_time_ms", BigInt),
+                ("ingest_time_ms", BigInt),
+                ("payload_json", Varchar),
+                ("window_start_ms", BigInt),
+                ("window_end_ms", BigInt),
+                ("watermark_ms", BigInt),
+                ("topic", Varchar),
+                ("partition", Integer),
+                ("offset", BigInt),
+            ],
+            &["topic", "partition", "offset"],
+        )
+    }
+
+    /// `dead_letters` (SPEC section 5).
+    pub fn dead_letters() -> TableSchema {
+        use ColumnType::*;
+        TableSchema::new(
+            &[
+                ("topic", Varchar),
+                ("partition", Integer),
+                ("offset", BigInt),
+                ("ingest_time_ms", BigInt),
+                ("raw", Blob),
+                ("error", Varchar),
+            ],
+            &["topic", "partition", "offset"],
+        )
+    }
+
+    pub fn types(&self) -> Vec<ColumnType> {
+        self.columns.iter().map(|c| c.ty).collect()
+    }
+
+    /// The same table without a primary key (append mode).
+    pub fn without_key(&self) -> TableSchema {
+        TableSchema {
+            columns: self.columns.clone(),
+            primary_key: Vec::new(),
+        }
+    }
+}
+
+/// One value of a row, borrowed from where it is stored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cell<'a> {
+    Null,
+    Bool(bool),
+    I32(i32),
+    I64(i64),
+    F64(f64),
+    Str(&'a str),
+    Bytes(&'a [u8]),
+}
+
+impl Cell<'_> {
+    /// Whether the cell can be stored in a column of type `ty` (NULL fits everywhere).
+    pub fn fits(&self, ty: ColumnType) -> bool {
+        matches!(
+            (self, ty),
+            (Cell::Null, _)
+                | (Cell::Bool(_), ColumnType::Boolean)
+                | (Cell::I32(_), ColumnType::Integer)
+                | (Cell::I64(_), ColumnType::BigInt)
+                | (Cell::F64(_), ColumnType::Double)
+                | (Cell::Str(_), ColumnType::Varchar)
+                | (Cell::Bytes(_), ColumnType::Blob)
+        )
+    }
+}
+
+impl fmt::Display for Cell<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cell::Null => f.write_str("NULL"),
+            Cell::Bool(b) => write!(f, "{b}"),
+            Cell::I32(v) => write!(f, "{v}"),
+            Cell::I64(v) => write!(f, "{v}"),
+            Cell::F64(v) => write!(f, "{v}"),
+            Cell::Str(s) => f.write_str(s),
+            Cell::Bytes(b) => write!(f, "{}", String::from_utf8_lossy(b)),
+        }
+    }
+}
+
+/// Rows of one table, encoded. A value written with a type its column does not have is not
+/// dropped: the rows remember the first such mistake and [`Rows::check`] reports it, which
+/// fails the cycle (it is a bug, never bad input).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rows {
+    types: Vec<ColumnType>,
+    buf: Vec<u8>,
+    len: usize,
+    error: Option<String>,
+}
+
+const NULL: u8 = 0;
+const VALUE: u8 = 1;
+
+impl Rows {
+    pub fn new(types: Vec<ColumnType>) -> Rows {
+        Rows {
+            types,
+            buf: Vec::new(),
+            len: 0,
+            error: None,
+        }
+    }
+
+    pub fn types(&self) -> &[ColumnType] {
+        &self.types
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Encoded size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.len = 0;
+        self.error = None;
+    }
+
+    /// Starts a row; the writer must be given every column, in order, then finished.
+    #[inline]
+    pub fn row(&mut self) -> RowWriter<'_> {
+        let start = self.buf.len();
+        RowWriter {
+            rows: self,
+            col: 0,
+            start,
+            ok: true,
+            done: false,
+        }
+    }
+
+    /// Appends a row given as cells.
+    pub fn push(&mut self, cells: &[Cell<'_>]) {
+        let mut w = self.row();
+        for c in cells {
+            w.cell(*c);
+        }
+        w.finish();
+    }
+
+    /// The first type mistake made while writing, if any.
+    pub fn check(&self) -> Result<(), String> {
+        match &self.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Calls `f` with each row's cells, in order.
+    pub fn each<E>(
+        &self,
+        mut f: impl FnMut(&[Cell<'_>]) -> Result<(), E>,
+    ) -> Result<Result<(), E>, RowsError> {
+        let mut r = Reader { b: &self.buf, i: 0 };
+        let mut cells: Vec<Cell<'_>> = Vec::with_capacity(self.types.len());
+        for _ in 0..self.len {
+            cells.clear();
+            for &ty in &self.types {
+                cells.push(r.cell(ty)?);
+            }
+            if let Err(e) = f(&cells) {
+                return Ok(Err(e));
+            }
+        }
+        if r.i != self.buf.len() {
+            return Err(RowsError("trailing bytes"));
+        }
+        Ok(Ok(()))
+    }
+
+    /// Every row as owned cells (tests and small tables).
+    pub fn to_vec(&self) -> Vec<Vec<OwnedCell>> {
+        let mut out = Vec::with_capacity(self.len);
+        let _ = self.each(|cells| {
+            out.push(cells.iter().map(OwnedCell::from).collect());
+            Ok::<(), ()>(())
+        });
+        out
+    }
+
+    /// Appends the encoded form (types, row count, bytes) to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.types.len() as u32).to_le_bytes());
+        out.extend(self.types.iter().map(|t| t.code()));
+        out.extend_from_slice(&(self.len as u64).to_le_bytes());
+        out.extend_from_slice(&(self.buf.len() as u64).to_le_bytes());
+        out.extend_from_slice(&self.buf);
+    }
+
+    /// Decodes what [`Rows::encode`] wrote at `data[*at..]`, checking every row against the
+    /// types (so that a damaged checkpoint is an error, never a wrong value).
+    pub fn decode(data: &[u8], at: &mut usize) -> Result<Rows, RowsError> {
+        let mut r = Reader { b: data, i: *at };
+        let ncols = r.u32()? as usize;
+        let types = r
+            .take(ncols)?
+            .iter()
+            .map(|&c| ColumnType::from_code(c).ok_or(RowsError("unknown column type")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let len = usize::try_from(r.u64()?).map_err(|_| RowsError("bad row count"))?;
+        let bytes = usize::try_from(r.u64()?).map_err(|_| RowsError("bad length"))?;
+        let buf = r.take(bytes)?.to_vec();
+        *at = r.i;
+        let rows = Rows {
+            types,
+            buf,
+            len,
+            error: None,
+        };
+        rows.each(|_| Ok::<(), ()>(()))?
+            .map_err(|()| RowsError("unreadable row"))?;
+        Ok(rows)
+    }
+}
+
+/// Writes one row into [`Rows`], column by column.
+pub struct RowWriter<'a> {
+    rows: &'a mut Rows,
+    col: usize,
+    start: usize,
+    ok: bool,
+    done: bool,
+}
+
+impl RowWriter<'_> {
+    #[inline]
+    fn expect(&mut self, cell: &Cell<'_>) -> bool {
+        let ok = match self.rows.types.get(self.col) {
+            Some(&ty) => cell.fits(ty),
+            None => false,
+        };
+        if !ok {
+            self.ok = false;
+        }
+        if !ok && self.rows.error.is_none() {
+            self.rows.error = Some(format!(
+                "output row: column {} written as {cell:?}, declared {:?}",
+                self.col,
+                self.rows.types.get(self.col)
+            ));
+        }
+        self.col += 1;
+        ok
+    }
+
+    #[inline]
+    pub fn cell(&mut self, cell: Cell<'_>) -> &mut Self {
+        if self.expect(&cell) {
+            let b = &mut self.rows.buf;
+            match cell {
+                Cell::Null => b.push(NULL),
+                Cell::Bool(v) => b.extend_from_slice(&[VALUE, u8::from(v)]),
+                Cell::I32(v) => {
+                    b.push(VALUE);
+                    b.extend_from_slice(&v.to_le_bytes());
+                }
+                Cell::I64(v) => {
+                    b.push(VALUE);
+                    b.extend_from_slice(&v.to_le_bytes());
+                }
+                Cell::F64(v) => {
+                    b.push(VALUE);
+                    b.extend_from_slice(&v.to_bits().to_le_bytes());
+                }
+                Cell::Str(s) => {
+                    b.push(VALUE);
+                    b.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                    b.extend_from_slice(s.as_bytes());
+                }
+                Cell::Bytes(s) => {
+                    b.push(VALUE);
+                    b.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                    b.extend_from_slice(s);
+                }
+            }
+        }
+        self
+    }
+
+    #[inline]
+    pub fn i64(&mut self, v: i64) -> &mut Self {
+        self.cell(Cell::I64(v))
+    }
+
+    #[inline]
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.cell(Cell::I32(v))
+    }
+
+    #[inline]
+    pub fn str(&mut self, v: &str) -> &mut Self {
+        self.cell(Cell::Str(v))
+    }
+
+    #[inline]
+    pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        self.cell(Cell::Bytes(v))
+    }
+
+    #[inline]
+    pub fn opt_f64(&mut self, v: Option<f64>) -> &mut Self {
+        self.cell(v.map_or(Cell::Null, Cell::F64))
+    }
+
+    #[inline]
+    pub fn opt_str(&mut self, v: Option<&str>) -> &mut Self {
+        self.cell(v.map_or(Cell::Null, Cell::Str))
+    }
+
+    /// Ends the row. A row with too few or too many columns is dropped and recorded as an
+    /// error (see [`Rows::check`]).
+    #[inline]
+    pub fn finish(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        if self.col != self.rows.types.len() && self.rows.error.is_none() {
+            self.rows.error = Some(format!(
+                "output row has {} columns, the table {}",
+                self.col,
+                self.rows.types.len()
+            ));
+        }
+        if self.col != self.rows.types.len() || !self.ok {
+            self.rows.buf.truncate(self.start);
+            return;
+        }
+        self.rows.len += 1;
+    }
+}
+
+impl Drop for RowWriter<'_> {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// An owned copy of a [`Cell`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum OwnedCell {
+    Null,
+    Bool(bool),
+    I32(i32),
+    I64(i64),
+    F64(f64),
+    Str(String),
+    Bytes(Vec<u8>),
+}
+
+impl From<&Cell<'_>> for OwnedCell {
+    fn from(c: &Cell<'_>) -> Self {
+        match *c {
+            Cell::Null => OwnedCell::Null,
+            Cell::Bool(v) => OwnedCell::Bool(v),
+            Cell::I32(v) => OwnedCell::I32(v),
+            Cell::I64(v) => OwnedCell::I64(v),
+            Cell::F64(v) => OwnedCell::F64(v),
+            Cell::Str(s) => OwnedCell::Str(s.to_string()),
+            Cell::Bytes(b) => OwnedCell::Bytes(b.to_vec()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, thiserror::Error, PartialEq, Eq)]
+#[error("corrupt output rows: {0}")]
+pub struct RowsError(&'static str);
+
+struct Reader<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Reader<'a> {
+    #[inline]
+    fn take(&mut self, n: usize) -> Result<&'a [u8], RowsError> {
+        let end = self
+            .i
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or(RowsError("truncated"))?;
+        let s = &self.b[self.i..end];
+        self.i = end;
+        Ok(s)
+    }
+
+    fn u32(&mut self) -> Result<u32, RowsError> {
+        let s = self.take(4)?;
+        Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, RowsError> {
+        let s = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(s);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    #[inline]
+    fn cell(&mut self, ty: ColumnType) -> Result<Cell<'a>, RowsError> {
+        match self.take(1)?[0] {
+            NULL => return Ok(Cell::Null),
+            VALUE => {}
+            _ => return Err(RowsError("bad cell tag")),
+        }
+        Ok(match ty {
+            ColumnType::Boolean => Cell::Bool(self.take(1)?[0] != 0),
+            ColumnType::Integer => {
+                let s = self.take(4)?;
+                Cell::I32(i32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+            }
+            ColumnType::BigInt => Cell::I64(self.u64()? as i64),
+            ColumnType::Double => Cell::F64(f64::from_bits(self.u64()?)),
+            ColumnType::Varchar => {
+                let n = self.u32()? as usize;
+                let s = self.take(n)?;
+                Cell::Str(std::str::from_utf8(s).map_err(|_| RowsError("invalid text"))?)
+            }
+            ColumnType::Blob => {
+                let n = self.u32()? as usize;
+                Cell::Bytes(self.take(n)?)
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Rows {
+        let mut r = Rows::new(TableSchema::dead_letters().types());
+        r.row()
+            .str("t")
+            .i32(3)
+            .i64(-7)
+            .i64(1)
+            .bytes(&[0xff, 0])
+            .str("bad €")
+            .finish();
+        r.row()
+            .str("t")
+            .i32(0)
+            .i64(0)
+            .i64(2)
+            .cell(Cell::Null)
+            .str("")
+            .finish();
+        r
+    }
+
+    #[test]
+    fn rows_round_trip_through_the_encoding() {
+        let r = sample();
+        assert_eq!(r.len(), 2);
+        assert!(r.check().is_ok());
+        let mut buf = vec![9];
+        r.encode(&mut buf);
+        let mut at = 1;
+        let back = Rows::decode(&buf, &mut at).unwrap();
+        assert_eq!(at, buf.len());
+        assert_eq!(back.to_vec(), r.to_vec());
+        assert_eq!(r.to_vec()[0][4], OwnedCell::Bytes(vec![0xff, 0]));
+        assert_eq!(r.to_vec()[1][4], OwnedCell::Null);
+    }
+
+    #[test]
+    fn damaged_encodings_are_errors() {
+        let mut buf = Vec::new();
+        sample().encode(&mut buf);
+        for cut in 0..buf.len() {
+            assert!(Rows::decode(&buf[..cut], &mut 0).is_err(), "cut at {cut}");
+        }
+        let mut bad = buf.clone();
+        bad[4] = 99;
+        assert!(Rows::decode(&bad, &mut 0).is_err());
+    }
+
+    #[test]
+    fn a_wrong_type_or_arity_is_reported_not_dropped() {
+        let mut r = Rows::new(vec![ColumnType::BigInt, ColumnType::Varchar]);
+        r.row().i64(1).str("a").finish();
+        r.row().str("x").str("a").finish();
+        assert!(r.check().unwrap_err().contains("column 0"));
+        let mut r = Rows::new(vec![ColumnType::BigInt, ColumnType::Varchar]);
+        r.row().i64(1).finish();
+        assert!(r.check().is_err());
+        assert_eq!(r.len(), 0);
+    }
+}

@@ -1,0 +1,45 @@
+//! What a run is asked to do, already parsed and checked (the extension builds it from SQL
+//! arguments at bind time; tests build it directly).
+
+use streaming_etl_core::pipeline::EngineConfig;
+use streaming_etl_core::state::JobSettings;
+
+use crate::sink::Tables;
+
+/// Where a job's checkpoint lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointLocation {
+    File(String),
+    /// In memory, for as long as the database is open (not crash-safe).
+    Memory,
+}
+
+impl CheckpointLocation {
+    pub fn shown(&self) -> &str {
+        match self {
+            CheckpointLocation::File(p) => p,
+            CheckpointLocation::Memory => ":memory:",
+        }
+    }
+}
+
+/// Everything one run needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobConfig {
+    /// The name the job's state is kept under.
+    pub job: String,
+    /// The source as the user named it (the `topic` argument); also the `topic` column of late
+    /// events and dead letters.
+    pub topic: String,
+    /// The settings the checkpoint must agree with.
+    pub settings: JobSettings,
+    pub engine: EngineConfig,
+    pub tables: Tables,
+    pub checkpoint: CheckpointLocation,
+    pub max_messages: Option<u64>,
+    pub max_runtime_ms: Option<i64>,
+    /// Length of a checkpoint cycle (one result row per cycle).
+    pub checkpoint_interval_ms: i64,
+    /// Once caught up, close every open window.
+    pub flush: bool,
+}

@@ -1,0 +1,358 @@
+//! One run of a job: restore its state from the checkpoint, finish any output a killed run left
+//! in the outbox, open the source where the job left off, then read in cycles, each handed to
+//! the committer (which makes it durable while the next is read), until the source is caught up
+//! or a limit is reached.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use streaming_etl_core::error::{EtlError, Result};
+use streaming_etl_core::pipeline::{
+    read_cycle, reported_watermark, CycleLimits, Engine, PartitionProgress, Restored, Stop,
+};
+use streaming_etl_core::source::Source;
+use streaming_etl_core::state::{Batch, OutputSchemas, PartitionState};
+use streaming_etl_core::watermark::{PartitionClock, NO_WATERMARK};
+
+use crate::checkpoint::{Checkpoint, StoredJob};
+use crate::clock::Clock;
+use crate::committer::{Committer, CycleState, Target};
+use crate::config::JobConfig;
+use crate::lock::JobLock;
+use crate::sink::{Output, OutputSink, Tables};
+
+/// Late and dead rows a cycle may gather before it checkpoints early (bounds memory).
+const MAX_PENDING_ROWS: usize = 500_000;
+/// Messages after which a cycle ends even before its interval: shorter cycles let the
+/// committer write one while the next is read.
+const MAX_CYCLE_MESSAGES: u64 = 200_000;
+
+/// Opens the job's source, given the partitions the checkpoint knows (with their offsets).
+pub type SourceOpener = Box<dyn FnOnce(&[PartitionState]) -> Result<Box<dyn Source>> + Send>;
+
+/// What a run is given to work with.
+pub struct RunEnv {
+    pub checkpoint: Checkpoint,
+    /// The job's lock, already taken; held until the run is dropped.
+    pub lock: JobLock,
+    pub sink: Box<dyn OutputSink>,
+    pub open_source: SourceOpener,
+    pub clock: Arc<dyn Clock>,
+}
+
+/// What a run reports (the row of `streaming_etl_run`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunStats {
+    pub job: String,
+    pub events_consumed: u64,
+    pub windows_emitted: u64,
+    pub late_events: u64,
+    pub dead_letters: u64,
+    pub watermark_ms: Option<i64>,
+    pub elapsed_ms: i64,
+    pub events_per_sec: f64,
+    pub open_windows: u64,
+    pub partitions: u64,
+    pub cycles: u64,
+    /// `running` until the last row; then why the run stopped.
+    pub status: &'static str,
+}
+
+pub struct Run {
+    cfg: Arc<JobConfig>,
+    source: Box<dyn Source>,
+    engine: Engine,
+    schemas: Arc<OutputSchemas>,
+    exhausted: Vec<bool>,
+    names: Vec<String>,
+    next_seq: i64,
+    started: Instant,
+    run_deadline: Option<Instant>,
+    cycles: u64,
+    stop: Option<Stop>,
+    clock: Arc<dyn Clock>,
+    /// Batches the committer is done with, reused so a cycle does not allocate its buffers.
+    spare: Vec<Batch>,
+    /// Declared before the lock: dropping the run finishes its commits, then frees the job.
+    committer: Committer,
+    _lock: JobLock,
+}
+
+/// The job as stored, after checking that this run's settings are the checkpoint's.
+fn restore(checkpoint: &Checkpoint, cfg: &JobConfig) -> Result<Option<StoredJob>> {
+    let existing = checkpoint.load_job(&cfg.job)?;
+    if let Some(s) = &existing {
+        if let Some((setting, stored, requested)) = s.settings.first_difference(&cfg.settings) {
+            return Err(EtlError::SettingsChanged {
+                job: cfg.job.clone(),
+                setting,
+                stored,
+                requested,
+            });
+        }
+    }
+    Ok(existing)
+}
+
+/// Applies the output a killed run committed to the checkpoint but may not have written.
+fn replay_pending(checkpoint: &Checkpoint, job: &str, sink: &mut dyn OutputSink) -> Result<()> {
+    for p in checkpoint.pending(job)? {
+        let (schemas, batch) = Batch::decode(&p.batch, &p.topic)
+            .map_err(|e| EtlError::checkpoint(checkpoint.path(), e))?;
+        let tables = Tables {
+            windows: p.windows_table,
+            late: p.late_table,
+            dead: p.dead_letter_table,
+        };
+        sink.prepare(&tables, &schemas)?;
+        sink.apply(&Output {
+            job,
+            seq: p.seq,
+            tables: &tables,
+            schemas: &schemas,
+            batch: &batch,
+            replay: true,
+        })?;
+        checkpoint.applied(job, p.seq)?;
+    }
+    Ok(())
+}
+
+/// The engine, resumed from the stored state for the partitions the source opened.
+fn resume_engine(
+    cfg: &JobConfig,
+    stored: Option<&StoredJob>,
+    source: &dyn Source,
+    now_ms: i64,
+) -> Result<Engine> {
+    let known = stored.map_or(&[][..], |s| &s.partitions[..]);
+    let partitions = source
+        .partitions()
+        .iter()
+        .map(|sp| {
+            let st = known.iter().find(|p| p.partition == sp.partition);
+            PartitionProgress {
+                partition: sp.partition,
+                next_offset: sp.start_offset,
+                clock: PartitionClock::new(
+                    st.and_then(|s| s.max_event_time_ms),
+                    st.map_or(now_ms, |s| s.last_delivery_ms),
+                ),
+            }
+        })
+        .collect();
+    let restored = Restored {
+        floor_ms: stored.map_or(NO_WATERMARK, |s| s.watermark_ms),
+        partitions,
+        open_windows: stored.and_then(|s| s.open_windows.clone()),
+    };
+    let path = cfg.checkpoint.shown().to_string();
+    let mut engine = Engine::new(&cfg.engine, restored, now_ms, &cfg.topic)
+        .map_err(|e| EtlError::checkpoint(&path, e))?;
+    for gap in source.gaps() {
+        engine.record_gap(gap.idx, gap.from, gap.to);
+    }
+    Ok(engine)
+}
+
+impl Run {
+    pub fn start(cfg: Arc<JobConfig>, env: RunEnv) -> Result<Run> {
+        let started = Instant::now();
+        let RunEnv {
+            checkpoint,
+            lock,
+            mut sink,
+            open_source,
+            clock,
+        } = env;
+        let now = clock.wall_ms();
+        let stored = restore(&checkpoint, &cfg)?;
+        let schemas = Arc::new(cfg.engine.schemas());
+        sink.prepare(&cfg.tables, &schemas)?;
+        replay_pending(&checkpoint, &cfg.job, sink.as_mut())?;
+        let source = open_source(stored.as_ref().map_or(&[][..], |s| &s.partitions[..]))?;
+        // A new job is only written to the checkpoint once its source has opened, so a run that
+        // fails at once (no such topic, unreachable broker) leaves nothing behind.
+        if stored.is_none() {
+            checkpoint.create_job(&cfg.job, &cfg.settings, now)?;
+        }
+        let engine = resume_engine(&cfg, stored.as_ref(), source.as_ref(), now)?;
+        let committer = Committer::start(
+            checkpoint,
+            sink,
+            Target {
+                job: cfg.job.clone(),
+                topic: cfg.topic.clone(),
+                tables: cfg.tables.clone(),
+                schemas: Arc::clone(&schemas),
+            },
+        )?;
+        Ok(Run {
+            run_deadline: cfg
+                .max_runtime_ms
+                .map(|ms| started + Duration::from_millis(ms as u64)),
+            exhausted: vec![false; source.partitions().len()],
+            names: source.partitions().iter().map(|p| p.name.clone()).collect(),
+            next_seq: stored.as_ref().map_or(1, |s| s.next_seq),
+            cfg,
+            source,
+            engine,
+            schemas,
+            started,
+            cycles: 0,
+            stop: None,
+            clock,
+            spare: Vec::new(),
+            committer,
+            _lock: lock,
+        })
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.stop.is_some_and(|s| s != Stop::CycleEnd)
+    }
+
+    /// Reads one checkpoint cycle and hands it to the committer. Returns false once the run is
+    /// over; by then every cycle is durable.
+    pub fn cycle(&mut self) -> Result<bool> {
+        if self.is_done() {
+            return Ok(false);
+        }
+        crate::fault::panic_point("cycle");
+        self.confirm(false)?;
+        // One row goes back to DuckDB per checkpoint interval; within it, sub-cycles of at most
+        // MAX_CYCLE_MESSAGES go to the committer as they are read.
+        let row_due =
+            Instant::now() + Duration::from_millis(self.cfg.checkpoint_interval_ms as u64);
+        let clock = Arc::clone(&self.clock);
+        let wall = move || clock.wall_ms();
+        let stop = loop {
+            let consumed = self.engine.counters().events_consumed;
+            let limits = CycleLimits {
+                remaining_messages: self
+                    .cfg
+                    .max_messages
+                    .map_or(u64::MAX, |m| m.saturating_sub(consumed)),
+                max_cycle_messages: MAX_CYCLE_MESSAGES,
+                cycle_deadline: row_due,
+                run_deadline: self.run_deadline,
+                max_pending_rows: MAX_PENDING_ROWS,
+            };
+            let read = read_cycle(
+                &mut self.engine,
+                self.source.as_mut(),
+                &mut self.exhausted,
+                &limits,
+                &wall,
+            );
+            match read {
+                Ok(Stop::CycleEnd) if Instant::now() < row_due => {
+                    self.submit()?;
+                    self.confirm(false)?;
+                }
+                Ok(stop) => break stop,
+                Err(e) => {
+                    // Keep what was processed before the source failed (a broker that went
+                    // away), then fail the statement; the next run resumes right after it.
+                    if self.submit().is_ok() {
+                        let _ = self.confirm(true);
+                    }
+                    return Err(e);
+                }
+            }
+        };
+        self.stop = Some(stop);
+        if stop != Stop::CycleEnd {
+            // Idle partitions are judged by the wall clock at the end of the run too.
+            self.engine.set_now(self.clock.wall_ms());
+            if self.cfg.flush && stop == Stop::CaughtUp {
+                self.engine.flush();
+            }
+        }
+        self.submit()?;
+        self.cycles += 1;
+        if self.is_done() {
+            // The last row reports a run whose every cycle is durable.
+            self.confirm(true)?;
+        }
+        Ok(!self.is_done())
+    }
+
+    /// Hands the state after this cycle, and its output, to the committer.
+    fn submit(&mut self) -> Result<()> {
+        let mut batch = self
+            .spare
+            .pop()
+            .unwrap_or_else(|| Batch::new(&self.schemas));
+        self.engine.take_output(&mut batch);
+        let partitions: Vec<PartitionState> = self
+            .engine
+            .progress()
+            .iter()
+            .enumerate()
+            .map(|(i, p)| PartitionState {
+                partition: p.partition,
+                name: self.names[i].clone(),
+                next_offset: p.next_offset,
+                max_event_time_ms: p.clock.max_event_time_ms,
+                last_delivery_ms: p.clock.last_delivery_ms,
+                end_offset: self.source.end_offset(i),
+            })
+            .collect();
+        let mut open_windows = Vec::new();
+        self.engine.encode_open_windows(&mut open_windows);
+        let seq = (!batch.is_empty()).then(|| {
+            self.next_seq += 1;
+            self.next_seq - 1
+        });
+        self.committer.submit(CycleState {
+            watermark_ms: self.engine.watermark_ms(),
+            open_windows,
+            open_window_count: self.engine.open_windows(),
+            partitions,
+            batch,
+            seq,
+            now_ms: self.clock.wall_ms(),
+        })
+    }
+
+    /// Tells the source about cycles the committer made durable (Kafka commits the offsets
+    /// to the consumer group); `wait` waits for all of them.
+    fn confirm(&mut self, wait: bool) -> Result<()> {
+        for done in self.committer.committed(wait)? {
+            self.source.checkpointed(&done.offsets)?;
+            if self.spare.len() < 2 {
+                self.spare.push(done.batch);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> RunStats {
+        let c = self.engine.counters();
+        let elapsed = self.started.elapsed();
+        RunStats {
+            job: self.cfg.job.clone(),
+            events_consumed: c.events_consumed,
+            windows_emitted: c.windows_emitted,
+            late_events: c.late_events,
+            dead_letters: c.dead_letters,
+            watermark_ms: reported_watermark(self.engine.watermark_ms()),
+            elapsed_ms: elapsed.as_millis() as i64,
+            events_per_sec: if elapsed.as_secs_f64() > 0.0 {
+                c.events_consumed as f64 / elapsed.as_secs_f64()
+            } else {
+                0.0
+            },
+            open_windows: self.engine.open_windows() as u64,
+            partitions: self.names.len() as u64,
+            cycles: self.cycles,
+            status: match self.stop {
+                None | Some(Stop::CycleEnd) => "running",
+                Some(Stop::CaughtUp) => "caught_up",
+                Some(Stop::MaxMessages) => "max_messages",
+                Some(Stop::MaxRuntime) => "max_runtime",
+            },
+        }
+    }
+}

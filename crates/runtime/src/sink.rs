@@ -1,0 +1,35 @@
+//! Where a run's output goes: the trait the run writes through (the DuckDB tables in the
+//! extension, memory in tests).
+
+use streaming_etl_core::error::Result;
+use streaming_etl_core::state::{Batch, OutputSchemas};
+
+/// The three output tables of a job, as the sink names them (for DuckDB: quoted, possibly
+/// qualified SQL names). Stored with each batch in the outbox, so a batch is re-applied to the
+/// tables it was meant for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tables {
+    pub windows: String,
+    pub late: String,
+    pub dead: String,
+}
+
+/// One batch to apply.
+pub struct Output<'a> {
+    pub job: &'a str,
+    /// The batch's sequence number in the job (increasing; a replay has the same number).
+    pub seq: i64,
+    pub tables: &'a Tables,
+    pub schemas: &'a OutputSchemas,
+    pub batch: &'a Batch,
+    /// The batch may have been applied already (it was left in the outbox by a run that died).
+    pub replay: bool,
+}
+
+pub trait OutputSink: Send {
+    /// Makes sure the tables exist with what the schemas need (idempotent).
+    fn prepare(&mut self, tables: &Tables, schemas: &OutputSchemas) -> Result<()>;
+
+    /// Applies one batch atomically. Applying a batch again must change nothing.
+    fn apply(&mut self, output: &Output<'_>) -> Result<()>;
+}

@@ -1,0 +1,357 @@
+//! A run end to end without DuckDB or Kafka: an in-memory or file checkpoint, a memory source
+//! and a sink that keeps tables in memory (keyed like the real ones, so applying a batch twice
+//! changes nothing). Stop and resume, crashes between the two commits, settings mismatches and
+//! the job lock.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use streaming_etl_core::decode::FieldPath;
+use streaming_etl_core::error::{EtlError, Result};
+use streaming_etl_core::pipeline::{EngineConfig, TimeSpec};
+use streaming_etl_core::rows::OwnedCell;
+use streaming_etl_core::source::memory::MemorySource;
+use streaming_etl_core::source::Source;
+use streaming_etl_core::state::{JobSettings, OutputSchemas, PartitionState};
+use streaming_etl_runtime::checkpoint::Checkpoint;
+use streaming_etl_runtime::clock::Clock;
+use streaming_etl_runtime::config::{CheckpointLocation, JobConfig};
+use streaming_etl_runtime::job::{Run, RunEnv};
+use streaming_etl_runtime::lock::{JobLock, MemoryLocks};
+use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
+
+/// A clock that stands still, so ingest times are the same in every run.
+struct FixedClock;
+
+impl Clock for FixedClock {
+    fn wall_ms(&self) -> i64 {
+        1_700_000_000_000
+    }
+}
+
+/// Table name → primary key (shown) → row.
+type TableRows = BTreeMap<String, BTreeMap<String, Vec<OwnedCell>>>;
+
+/// Tables in memory: rows keyed by their primary key (upsert), as DuckDB's are.
+#[derive(Default, Clone)]
+struct MemoryTables(Arc<Mutex<TableRows>>);
+
+impl MemoryTables {
+    fn snapshot(&self) -> TableRows {
+        self.0.lock().unwrap().clone()
+    }
+
+    fn count(&self, table: &str) -> usize {
+        self.0.lock().unwrap().get(table).map_or(0, |t| t.len())
+    }
+}
+
+/// Fails `apply` after `ok_applies` successful ones: before writing (a failed DuckDB
+/// transaction) or after (a crash between DuckDB's commit and clearing the outbox).
+struct MemorySink {
+    tables: MemoryTables,
+    ok_applies: Arc<AtomicUsize>,
+    fail_after_write: bool,
+}
+
+impl OutputSink for MemorySink {
+    fn prepare(&mut self, _tables: &Tables, _schemas: &OutputSchemas) -> Result<()> {
+        Ok(())
+    }
+
+    fn apply(&mut self, out: &Output<'_>) -> Result<()> {
+        let left = self.ok_applies.load(Ordering::SeqCst);
+        if left == 0 && !self.fail_after_write {
+            return Err(EtlError::Sink {
+                table: out.tables.windows.clone(),
+                message: "injected failure".into(),
+            });
+        }
+        let mut all = self.tables.0.lock().unwrap();
+        for (name, schema, rows) in [
+            (
+                &out.tables.windows,
+                &out.schemas.windows,
+                &out.batch.windows,
+            ),
+            (&out.tables.late, &out.schemas.late, &out.batch.late),
+            (&out.tables.dead, &out.schemas.dead, &out.batch.dead),
+        ] {
+            let table = all.entry(name.clone()).or_default();
+            let key_cols: Vec<usize> = schema
+                .primary_key
+                .iter()
+                .map(|k| schema.columns.iter().position(|c| &c.name == k).unwrap())
+                .collect();
+            for row in rows.to_vec() {
+                let key = format!(
+                    "{:?}",
+                    key_cols.iter().map(|&i| &row[i]).collect::<Vec<_>>()
+                );
+                table.insert(key, row);
+            }
+        }
+        if left == 0 {
+            return Err(EtlError::Internal("injected crash after the write".into()));
+        }
+        self.ok_applies.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+fn ev(key: &str, t: i64, v: f64) -> String {
+    format!(r#"{{"key":"{key}","event_time_ms":{t},"payload":{{"value":{v}}}}}"#)
+}
+
+fn data() -> Vec<Vec<String>> {
+    (0..3)
+        .map(|p| {
+            (0..300)
+                .map(|i| {
+                    let t = 10_000 + i * 37 + p * 11 - if p == 1 { 3000 } else { 0 };
+                    if i % 61 == 5 {
+                        "{bad".to_string()
+                    } else if i % 17 == 3 {
+                        ev(&format!("k{}", i % 4), t - 2500, i as f64)
+                    } else {
+                        ev(&format!("k{}", i % 4), t, i as f64 * 0.5)
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn config(checkpoint: CheckpointLocation, max_messages: Option<u64>, window_ms: i64) -> JobConfig {
+    let path = |p: &str| FieldPath::parse(p).unwrap();
+    JobConfig {
+        job: "job".into(),
+        topic: "mem".into(),
+        settings: JobSettings {
+            source: "mem".into(),
+            window_ms,
+            lateness_ms: 100,
+            key_field: "key".into(),
+            time_field: "event_time_ms".into(),
+            value_field: "payload.value".into(),
+            extra: BTreeMap::new(),
+        },
+        engine: EngineConfig {
+            time: TimeSpec {
+                window_ms,
+                lateness_ms: 100,
+                idle_timeout_ms: None,
+            },
+            key_field: path("key"),
+            time_field: path("event_time_ms"),
+            value_field: path("payload.value"),
+        },
+        tables: Tables {
+            windows: "windows".into(),
+            late: "late".into(),
+            dead: "dead".into(),
+        },
+        checkpoint,
+        max_messages,
+        max_runtime_ms: None,
+        checkpoint_interval_ms: 1000,
+        flush: true,
+    }
+}
+
+struct Harness {
+    checkpoint: Checkpoint,
+    locks: Arc<MemoryLocks>,
+    tables: MemoryTables,
+    /// Successful applies left before the sink fails (across runs).
+    ok_applies: Arc<AtomicUsize>,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        Harness {
+            checkpoint: Checkpoint::open_memory().unwrap(),
+            locks: Arc::new(MemoryLocks::default()),
+            tables: MemoryTables::default(),
+            ok_applies: Arc::new(AtomicUsize::new(usize::MAX)),
+        }
+    }
+
+    fn env(&self, fail_after_write: bool) -> Result<RunEnv> {
+        let messages = data();
+        Ok(RunEnv {
+            checkpoint: self.checkpoint.clone(),
+            lock: JobLock::memory(&self.locks, "job")?,
+            sink: Box::new(MemorySink {
+                tables: self.tables.clone(),
+                ok_applies: Arc::clone(&self.ok_applies),
+                fail_after_write,
+            }),
+            open_source: Box::new(move |known: &[PartitionState]| {
+                let starts: Vec<i64> = (0..messages.len() as i32)
+                    .map(|p| {
+                        known
+                            .iter()
+                            .find(|s| s.partition == p)
+                            .map_or(0, |s| s.next_offset)
+                    })
+                    .collect();
+                Ok(Box::new(MemorySource::new(messages, &starts)) as Box<dyn Source>)
+            }),
+            clock: Arc::new(FixedClock),
+        })
+    }
+
+    /// Runs to the end of the run; returns the last status.
+    fn run(&self, cfg: JobConfig, fail_after_write: bool) -> Result<&'static str> {
+        let mut run = Run::start(Arc::new(cfg), self.env(fail_after_write)?)?;
+        while run.cycle()? {}
+        Ok(run.stats().status)
+    }
+}
+
+fn straight() -> TableRows {
+    let h = Harness::new();
+    assert_eq!(
+        h.run(config(CheckpointLocation::Memory, None, 1000), false)
+            .unwrap(),
+        "caught_up"
+    );
+    let t = h.tables.snapshot();
+    let windows: i64 = t["windows"]
+        .values()
+        .map(|r| match r[3] {
+            OwnedCell::I64(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(
+        windows as usize + h.tables.count("late") + h.tables.count("dead"),
+        900,
+        "every message accounted for once"
+    );
+    assert!(h.tables.count("late") > 0 && h.tables.count("dead") > 0);
+    t
+}
+
+#[test]
+fn a_job_stopped_again_and_again_ends_like_a_straight_run() {
+    let want = straight();
+    for step in [1, 13, 250] {
+        let h = Harness::new();
+        let mut runs = 0;
+        while h
+            .run(config(CheckpointLocation::Memory, Some(step), 1000), false)
+            .unwrap()
+            != "caught_up"
+        {
+            runs += 1;
+            assert!(runs < 2000);
+        }
+        assert_eq!(h.tables.snapshot(), want, "stopping every {step} messages");
+    }
+}
+
+#[test]
+fn output_committed_but_not_written_is_written_by_the_next_run() {
+    let want = straight();
+    // The sink fails before writing, and (second case) after writing but before the outbox is
+    // cleared, at several batches: the failed run reports the error; the next run replays the
+    // outbox and the job ends exactly like a straight run.
+    for fail_after_write in [false, true] {
+        for ok in [0, 1, 3] {
+            let h = Harness::new();
+            let cfg = config(CheckpointLocation::Memory, Some(200), 1000);
+            let mut failures = 0;
+            h.ok_applies.store(ok, Ordering::SeqCst);
+            loop {
+                match h.run(cfg.clone(), fail_after_write) {
+                    Ok("caught_up") => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        assert!(e.to_string().contains("injected"), "{e}");
+                        failures += 1;
+                        let pending: i64 = h
+                            .checkpoint
+                            .rows(Some("job"))
+                            .unwrap()
+                            .iter()
+                            .map(|r| r.pending_batches)
+                            .max()
+                            .unwrap_or(0);
+                        assert!(pending >= 1, "the failed batch waits in the outbox");
+                        h.ok_applies.store(usize::MAX, Ordering::SeqCst);
+                    }
+                }
+            }
+            assert_eq!(failures, 1);
+            assert_eq!(
+                h.tables.snapshot(),
+                want,
+                "fail_after_write {fail_after_write}, after {ok} batches"
+            );
+            let pending: i64 = h
+                .checkpoint
+                .rows(Some("job"))
+                .unwrap()
+                .iter()
+                .map(|r| r.pending_batches)
+                .sum();
+            assert_eq!(pending, 0);
+        }
+    }
+}
+
+#[test]
+fn other_settings_than_the_checkpoints_are_refused_naming_the_setting() {
+    let h = Harness::new();
+    h.run(config(CheckpointLocation::Memory, Some(10), 1000), false)
+        .unwrap();
+    let e = h
+        .run(config(CheckpointLocation::Memory, None, 500), false)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "job 'job' was checkpointed with window_ms = 1000, but this run has window_ms = 500; run it with the same settings, or under another job name (job := '...') or checkpoint"
+    );
+}
+
+#[test]
+fn a_second_run_of_a_running_job_is_refused() {
+    let h = Harness::new();
+    let first = Run::start(
+        Arc::new(config(CheckpointLocation::Memory, None, 1000)),
+        h.env(false).unwrap(),
+    )
+    .unwrap();
+    let e = h.env(false).err().unwrap().to_string();
+    assert!(e.contains("job 'job' is already running"), "{e}");
+    drop(first);
+    assert!(h.env(false).is_ok());
+}
+
+#[test]
+fn a_file_checkpoint_survives_reopening() {
+    let dir = std::env::temp_dir().join(format!("setl-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("jobs.ckpt").to_string_lossy().into_owned();
+    let _ = std::fs::remove_file(&path);
+    let tables = MemoryTables::default();
+    let loc = CheckpointLocation::File(path.clone());
+    for _ in 0..100 {
+        // A new checkpoint connection each run, as separate processes would have.
+        let h = Harness {
+            checkpoint: Checkpoint::open_file(&path).unwrap(),
+            locks: Arc::new(MemoryLocks::default()),
+            tables: tables.clone(),
+            ok_applies: Arc::new(AtomicUsize::new(usize::MAX)),
+        };
+        if h.run(config(loc.clone(), Some(321), 1000), false).unwrap() == "caught_up" {
+            break;
+        }
+    }
+    assert_eq!(tables.snapshot(), straight());
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,176 @@
+//! The raw DuckDB C API, for the few things the `duckdb` crate has no safe way to do; each item
+//! says what is missing. Everything else goes through `duckdb`'s `Connection`, `VTab`,
+//! `Appender` and `Value`. (The other unsafe code: operating-system calls in `os.rs`, and the
+//! librdkafka batch queue in `source/kafka_batch.rs`.)
+
+use std::any::Any;
+use std::ffi::CString;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use duckdb::core::{FlatVector, LogicalTypeId};
+use duckdb::ffi;
+use duckdb::vtab::{BindInfo, TableFunctionInfo, VTab};
+
+use crate::host::Host;
+use crate::params::Setting;
+
+/// The C API version the extension asks DuckDB for (see the README: it loads in 1.5.6+).
+pub const C_API_VERSION: &str = "v1.5.6";
+
+/// Turns a panic payload into text for an error message.
+pub fn panic_message(payload: Box<dyn Any + Send>) -> String {
+    streaming_etl_runtime::committer::panic_message(payload)
+}
+
+fn c_string(s: &str) -> CString {
+    // Interior NULs cannot cross into C; they only appear if a user put one in an argument.
+    CString::new(s.replace('\0', "\\0")).unwrap_or_default()
+}
+
+/// The entrypoint DuckDB calls on `LOAD streaming_etl` (ABI `C_STRUCT`).
+///
+/// Missing in `duckdb-loadable-macros`: its `duckdb_entrypoint_c_api` hands the extension a
+/// `Connection` only, and the `duckdb` crate can neither register a setting nor give out the
+/// raw handle one needs (`duckdb_register_config_option` takes a raw connection). So this does
+/// what the macro expands to (API init, database from `get_database`,
+/// `Connection::open_from_raw`), plus registering the settings on a raw connection.
+///
+/// # Safety
+/// Called by DuckDB with the `info` and `access` of an extension load.
+#[no_mangle]
+pub unsafe extern "C" fn streaming_etl_init_c_api(
+    info: ffi::duckdb_extension_info,
+    access: *const ffi::duckdb_extension_access,
+) -> bool {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: DuckDB passes a valid `access` for the duration of this call.
+        unsafe { init(info, access) }
+    }));
+    let error = match result {
+        Ok(Ok(loaded)) => return loaded,
+        Ok(Err(e)) => e,
+        Err(p) => format!("streaming_etl failed to load: {}", panic_message(p)),
+    };
+    // SAFETY: `access` is valid during the load; set_error copies the message.
+    unsafe {
+        if let Some(set_error) = access.as_ref().and_then(|a| a.set_error) {
+            let msg = c_string(&error);
+            set_error(info, msg.as_ptr());
+        }
+    }
+    false
+}
+
+unsafe fn init(
+    info: ffi::duckdb_extension_info,
+    access: *const ffi::duckdb_extension_access,
+) -> Result<bool, String> {
+    // SAFETY: fills the C API function table for this version; `access` is valid during the load.
+    let have_api = unsafe { ffi::duckdb_rs_extension_api_init(info, access, C_API_VERSION) }
+        .map_err(|e| format!("streaming_etl: {e}"))?;
+    if !have_api {
+        // DuckDB refused the version and has set the reason itself.
+        return Ok(false);
+    }
+    // SAFETY: `access` is valid during the load (checked non-null by the API init above).
+    let get_database =
+        unsafe { (*access).get_database }.ok_or("streaming_etl: DuckDB gave no get_database")?;
+    // SAFETY: `info` is this load's; the returned pointer lives until the entrypoint returns.
+    let db_ptr = unsafe { get_database(info) };
+    if db_ptr.is_null() {
+        return Ok(false);
+    }
+    // SAFETY: non-null and valid during the load.
+    let db = unsafe { *db_ptr };
+    // SAFETY: `db` is the live database of this load.
+    unsafe { register_settings(db, crate::params::SETTINGS)? };
+    // SAFETY: as above; the connection does not close the database when dropped.
+    let conn = unsafe { duckdb::Connection::open_from_raw(db) }
+        .map_err(|e| format!("streaming_etl: {e}"))?;
+    crate::load(conn).map(|()| true)
+}
+
+/// Registers VARCHAR settings (`SET name = '...'`). Missing in `duckdb`: config options.
+unsafe fn register_settings(db: ffi::duckdb_database, settings: &[Setting]) -> Result<(), String> {
+    let mut con: ffi::duckdb_connection = std::ptr::null_mut();
+    // SAFETY: `db` is valid during the load; `con` is an out-parameter.
+    if unsafe { ffi::duckdb_connect(db, &mut con) } != ffi::DuckDBSuccess || con.is_null() {
+        return Err("streaming_etl: could not open a connection to the database".into());
+    }
+    let mut result = Ok(());
+    for s in settings {
+        let n = c_string(s.name);
+        let d = c_string(s.description);
+        let v = c_string(s.default);
+        // SAFETY: the option, type and value are created here, handed to DuckDB (which copies
+        // them) and destroyed here; `con` is open.
+        let state = unsafe {
+            let mut opt = ffi::duckdb_create_config_option();
+            let mut ty = ffi::duckdb_create_logical_type(ffi::DUCKDB_TYPE_DUCKDB_TYPE_VARCHAR);
+            ffi::duckdb_config_option_set_name(opt, n.as_ptr());
+            ffi::duckdb_config_option_set_type(opt, ty);
+            ffi::duckdb_config_option_set_description(opt, d.as_ptr());
+            let mut val = ffi::duckdb_create_varchar(v.as_ptr());
+            ffi::duckdb_config_option_set_default_value(opt, val);
+            let state = ffi::duckdb_register_config_option(con, opt);
+            ffi::duckdb_destroy_value(&mut val);
+            ffi::duckdb_destroy_logical_type(&mut ty);
+            ffi::duckdb_destroy_config_option(&mut opt);
+            state
+        };
+        if state != ffi::DuckDBSuccess {
+            result = Err(format!(
+                "streaming_etl: could not register the setting {}",
+                s.name
+            ));
+            break;
+        }
+    }
+    // SAFETY: connected above, disconnected once.
+    unsafe { ffi::duckdb_disconnect(&mut con) };
+    result
+}
+
+/// The host registered as the extra info of every table function of the extension.
+/// Missing in `duckdb`: `get_extra_info` returns a raw pointer.
+pub fn bind_host(bind: &BindInfo) -> Option<Arc<Host>> {
+    // SAFETY: every table function of this extension is registered (in `crate::load`) with
+    // an `Arc<Host>` extra info, which lives as long as the function's catalog entry.
+    unsafe { bind.get_extra_info::<Arc<Host>>().as_ref().cloned() }
+}
+
+/// As [`bind_host`], during execution.
+pub fn func_host<T: VTab>(func: &TableFunctionInfo<T>) -> Option<Arc<Host>> {
+    // SAFETY: as in `bind_host`.
+    unsafe { func.get_extra_info::<Arc<Host>>().as_ref().cloned() }
+}
+
+/// Writes a fixed-size value into an output column after checking the column's type.
+/// Missing in `duckdb`: a safe way to write primitive values (`FlatVector::as_mut_slice` is
+/// unsafe because it trusts the type).
+fn write_fixed<V: Copy>(vector: &mut FlatVector<'_>, ty: LogicalTypeId, row: usize, v: V) -> bool {
+    if vector.logical_type().id() != ty || row >= vector.capacity() {
+        return false;
+    }
+    // SAFETY: the column's logical type was checked to store `V` (i64 for BIGINT, i32 for
+    // INTEGER, f64 for DOUBLE, bool for BOOLEAN) and `row` is within the vector's capacity.
+    unsafe { vector.as_mut_slice::<V>()[row] = v };
+    true
+}
+
+pub fn write_i64(vector: &mut FlatVector<'_>, row: usize, v: i64) -> bool {
+    write_fixed(vector, LogicalTypeId::Bigint, row, v)
+}
+
+pub fn write_i32(vector: &mut FlatVector<'_>, row: usize, v: i32) -> bool {
+    write_fixed(vector, LogicalTypeId::Integer, row, v)
+}
+
+pub fn write_f64(vector: &mut FlatVector<'_>, row: usize, v: f64) -> bool {
+    write_fixed(vector, LogicalTypeId::Double, row, v)
+}
+
+pub fn write_bool(vector: &mut FlatVector<'_>, row: usize, v: bool) -> bool {
+    write_fixed(vector, LogicalTypeId::Boolean, row, v)
+}
