@@ -22,7 +22,7 @@ FOOTER     := python3 scripts/append_footer.py
 
 
 .PHONY: all configure venv release debug fault tools install test test_release test_debug unit sqltest \
-        pytest demo demo-kafka bench reliability clean clean_all fmt lint
+        pytest demo demo-kafka bench reliability readme clean clean_all fmt lint
 
 all: release
 
@@ -117,6 +117,10 @@ reliability: release fault tools configure $(CARGO_FUZZ)
 bench: release tools configure $(NEXMARK)
 	$(CARGO) build --release -p streaming_etl_core --example engine_bench
 	$(PY) scripts/bench.py
+
+# Rewrites the README's parameter table from the declaration in src/params.rs.
+readme:
+	STREAMING_ETL_WRITE_README=1 $(CARGO) test --lib -p $(EXT) every_parameter_has_one_entry
 
 fmt:
 	$(CARGO) fmt --all

@@ -5,9 +5,11 @@
 
 use std::collections::BTreeMap;
 
+use streaming_etl_core::aggregate::{split_alias, AggSpec};
 use streaming_etl_core::decode::FieldPath;
+use streaming_etl_core::engine::{EngineConfig, TimeSpec, WindowKind, MAX_AGGREGATES};
 use streaming_etl_core::error::{EtlError, Result};
-use streaming_etl_core::pipeline::{EngineConfig, TimeSpec};
+use streaming_etl_core::record::KeyColumn;
 use streaming_etl_core::state::JobSettings;
 use streaming_etl_runtime::config::{CheckpointLocation, JobConfig};
 use streaming_etl_runtime::sink::Tables;
@@ -49,7 +51,6 @@ pub enum ParamType {
     BigInt,
     Boolean,
     IntegerList,
-    #[allow(dead_code)] // group_by and aggregates (next change)
     VarcharList,
     VarcharMap,
 }
@@ -72,6 +73,10 @@ impl ParamType {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum P {
     Job,
+    WindowKind,
+    HopMs,
+    GroupBy,
+    Aggregates,
     KeyField,
     TimeField,
     ValueField,
@@ -142,6 +147,10 @@ const fn kafka(
 /// The named parameters of `streaming_etl_run`.
 pub const RUN_PARAMS: &[Param] = &[
     param(P::Job, "job", ParamType::Varchar, "the `topic` argument", "name the job's state is kept under in the checkpoint"),
+    param(P::WindowKind, "window_kind", ParamType::Varchar, "`tumbling`", "`tumbling`, `hopping` (with `hop_ms`) or `session` (`window_ms` is the gap)"),
+    param(P::HopMs, "hop_ms", ParamType::BigInt, "none", "hopping windows: a window of `window_ms` starts every `hop_ms` (divides `window_ms`)"),
+    param(P::GroupBy, "group_by", ParamType::VarcharList, "`[key_field]`", "key columns: dotted paths, `path AS name` (string, number or boolean values); `[]`: one row per window"),
+    param(P::Aggregates, "aggregates", ParamType::VarcharList, "count, sum/min/max of `value_field`", "`count(*)`, `count(x)`, `sum(x)`, `avg(x)`, `min(x)`, `max(x)`, `approx_count_distinct(x)`, `first(x)`, `last(x)`, each `AS name` optional"),
     param(P::KeyField, "key_field", ParamType::Varchar, "`key`", "dotted path of the key (string or number; Kafka: the message key when absent)"),
     param(P::TimeField, "time_field", ParamType::Varchar, "`event_time_ms`", "dotted path of the event time, integer epoch milliseconds"),
     param(P::ValueField, "value_field", ParamType::Varchar, "`payload.value`", "dotted path of the number aggregated (missing or null: counted only)"),
@@ -256,6 +265,30 @@ impl<'a> Given<'a> {
             Some(other) => Err(EtlError::invalid(
                 self.name(id),
                 "must be a BOOLEAN",
+                shown(other),
+            )),
+        }
+    }
+
+    /// A list of text items; None when not given.
+    fn text_list(&self, id: P) -> Result<Option<Vec<String>>> {
+        match self.get(id) {
+            None => Ok(None),
+            Some(Arg::List(items)) => items
+                .iter()
+                .map(|a| match a {
+                    Arg::Text(s) => Ok(s.clone()),
+                    other => Err(EtlError::invalid(
+                        self.name(id),
+                        "must be a list of text",
+                        shown(other),
+                    )),
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(other) => Err(EtlError::invalid(
+                self.name(id),
+                "must be a list such as ['a', 'b']",
                 shown(other),
             )),
         }
@@ -452,6 +485,174 @@ fn parse_topic(args: &dyn Args) -> Result<(String, SourceSpec)> {
     Ok((topic, source))
 }
 
+/// The window kind from `window_kind` and `hop_ms`.
+fn parse_window(given: &Given<'_>, window_ms: i64) -> Result<WindowKind> {
+    let hop = given.positive(P::HopMs)?;
+    let kind = given.text(P::WindowKind)?;
+    let kind_name = given.name(P::WindowKind);
+    let hop_name = given.name(P::HopMs);
+    let checked_hop = |h: i64| -> Result<WindowKind> {
+        if h > window_ms {
+            return Err(EtlError::invalid(
+                hop_name,
+                format!("must be <= window_ms ({window_ms})"),
+                h,
+            ));
+        }
+        if window_ms % h != 0 {
+            return Err(EtlError::invalid(
+                hop_name,
+                format!("must divide window_ms ({window_ms}) into equal steps"),
+                h,
+            ));
+        }
+        Ok(if h == window_ms {
+            WindowKind::Tumbling
+        } else {
+            WindowKind::Hopping { hop_ms: h }
+        })
+    };
+    match (kind.as_deref().map(str::to_ascii_lowercase).as_deref(), hop) {
+        (None | Some("tumbling"), None) => Ok(WindowKind::Tumbling),
+        (Some("tumbling"), Some(h)) if h != window_ms => Err(EtlError::invalid(
+            hop_name,
+            "applies to hopping windows (window_kind 'tumbling' hops by window_ms)",
+            h,
+        )),
+        (None | Some("hopping") | Some("tumbling"), Some(h)) => checked_hop(h),
+        (Some("hopping"), None) => Err(EtlError::invalid(
+            kind_name,
+            "'hopping' needs hop_ms (how often a window starts)",
+            "'hopping'",
+        )),
+        (Some("session"), None) => Ok(WindowKind::Session),
+        (Some("session"), Some(h)) => Err(EtlError::invalid(
+            hop_name,
+            "does not apply to session windows (window_ms is the gap)",
+            h,
+        )),
+        _ => Err(EtlError::invalid(
+            kind_name,
+            "must be 'tumbling', 'hopping' or 'session'",
+            format!("'{}'", kind.unwrap_or_default()),
+        )),
+    }
+}
+
+/// `path [AS name]` of `group_by`.
+fn parse_key_column(item: &str) -> std::result::Result<KeyColumn, String> {
+    let (expr, alias) = split_alias(item)?;
+    let path = FieldPath::parse(expr)
+        .filter(|_| !expr.is_empty() && !expr.contains(char::is_whitespace))
+        .ok_or_else(|| {
+            format!("'{expr}' is not a field name or dotted path such as payload.value")
+        })?;
+    let name = alias.unwrap_or_else(|| path.last_segment().to_string());
+    Ok(KeyColumn { path, name })
+}
+
+/// The key columns and aggregates: `group_by` / `aggregates`, or the defaults from
+/// `key_field` / `value_field`.
+fn parse_keys_and_aggregates(
+    given: &Given<'_>,
+    key_field: &FieldPath,
+    value_field: &FieldPath,
+) -> Result<(Vec<KeyColumn>, bool, Vec<AggSpec>)> {
+    let (keys, default_key) = match given.text_list(P::GroupBy)? {
+        None => (
+            vec![KeyColumn {
+                path: key_field.clone(),
+                name: "key".into(),
+            }],
+            true,
+        ),
+        Some(_) if given.get(P::KeyField).is_some() => {
+            return Err(EtlError::invalid(
+                given.name(P::KeyField),
+                "cannot be combined with group_by (name the key fields in group_by)",
+                shown(given.get(P::KeyField).unwrap_or(&Arg::Null)),
+            ))
+        }
+        Some(items) => {
+            let cols = items
+                .iter()
+                .map(|i| {
+                    parse_key_column(i).map_err(|why| {
+                        EtlError::invalid(given.name(P::GroupBy), why, format!("'{i}'"))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            (cols, false)
+        }
+    };
+    let aggs = match given.text_list(P::Aggregates)? {
+        None => AggSpec::defaults(value_field),
+        Some(_) if given.get(P::ValueField).is_some() => {
+            return Err(EtlError::invalid(
+                given.name(P::ValueField),
+                "cannot be combined with aggregates (name the fields in the aggregates)",
+                shown(given.get(P::ValueField).unwrap_or(&Arg::Null)),
+            ))
+        }
+        Some(items) if items.is_empty() => {
+            return Err(EtlError::invalid(
+                given.name(P::Aggregates),
+                "must list at least one aggregate, e.g. ['count(*)']",
+                "[]",
+            ))
+        }
+        Some(items) if items.len() > MAX_AGGREGATES => {
+            return Err(EtlError::invalid(
+                given.name(P::Aggregates),
+                format!("may list at most {MAX_AGGREGATES} aggregates"),
+                items.len(),
+            ))
+        }
+        Some(items) => items
+            .iter()
+            .map(|i| {
+                AggSpec::parse(i).map_err(|why| {
+                    EtlError::invalid(given.name(P::Aggregates), why, format!("'{i}'"))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?,
+    };
+    // Column names: DuckDB compares identifiers without case.
+    let mut seen: Vec<String> = vec!["window_start_ms".into(), "window_end_ms".into()];
+    let named = keys
+        .iter()
+        .map(|k| {
+            (
+                P::GroupBy,
+                k.name.as_str(),
+                format!("{} AS {}", k.path.as_str(), k.name),
+            )
+        })
+        .chain(
+            aggs.iter()
+                .map(|a| (P::Aggregates, a.name.as_str(), a.shown())),
+        );
+    for (param, name, expr) in named {
+        let lower = name.to_ascii_lowercase();
+        if seen[..2].contains(&lower) {
+            return Err(EtlError::invalid(
+                given.name(param),
+                format!("column '{name}' is reserved for the window bounds; give the expression another name (AS ...)"),
+                format!("'{expr}'"),
+            ));
+        }
+        if seen.contains(&lower) {
+            return Err(EtlError::invalid(
+                given.name(param),
+                format!("column '{name}' would appear twice in the windows table; give one expression another name (AS ...)"),
+                format!("'{expr}'"),
+            ));
+        }
+        seen.push(lower);
+    }
+    Ok((keys, default_key, aggs))
+}
+
 fn parse_partitions(given: &Given<'_>) -> Result<Option<Vec<i32>>> {
     let name = given.name(P::Partitions);
     let items = match given.get(P::Partitions) {
@@ -567,6 +768,39 @@ fn parse_kafka(
     })
 }
 
+/// The settings beyond version 0.1's that differ from their defaults, as the checkpoint keeps
+/// them (a run with other ones is refused).
+fn extra_settings(e: &EngineConfig, value_field: &FieldPath) -> BTreeMap<String, String> {
+    let mut extra = BTreeMap::new();
+    match e.window {
+        WindowKind::Tumbling => {}
+        WindowKind::Hopping { hop_ms } => {
+            extra.insert("window_kind".into(), "'hopping'".into());
+            extra.insert("hop_ms".into(), hop_ms.to_string());
+        }
+        WindowKind::Session => {
+            extra.insert("window_kind".into(), "'session'".into());
+        }
+    }
+    if !e.default_key {
+        let cols: Vec<String> = e
+            .keys
+            .iter()
+            .map(|k| format!("'{} AS {}'", k.path.as_str(), k.name))
+            .collect();
+        extra.insert("group_by".into(), format!("[{}]", cols.join(", ")));
+    }
+    if e.aggregates != AggSpec::defaults(value_field) {
+        let shown: Vec<String> = e
+            .aggregates
+            .iter()
+            .map(|a| format!("'{}'", a.shown()))
+            .collect();
+        extra.insert("aggregates".into(), format!("[{}]", shown.join(", ")));
+    }
+    extra
+}
+
 /// Parses and checks the arguments of `streaming_etl_run`.
 pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let (topic, source) = parse_topic(args)?;
@@ -617,6 +851,21 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
             format!("{}, {}, {}", windows.sql(), late.sql(), dead.sql()),
         ));
     }
+    let window = parse_window(&given, window_ms)?;
+    let (keys, default_key, aggregates) =
+        parse_keys_and_aggregates(&given, &key_field, &value_field)?;
+    let engine = EngineConfig {
+        time: TimeSpec {
+            window_ms,
+            lateness_ms,
+            idle_timeout_ms: given.positive(P::IdleTimeoutMs)?,
+        },
+        window,
+        time_field: time_field.clone(),
+        keys,
+        default_key,
+        aggregates,
+    };
     let settings = JobSettings {
         source: topic.clone(),
         window_ms,
@@ -624,17 +873,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         key_field: key_field.as_str().to_string(),
         time_field: time_field.as_str().to_string(),
         value_field: value_field.as_str().to_string(),
-        extra: BTreeMap::new(),
-    };
-    let engine = EngineConfig {
-        time: TimeSpec {
-            window_ms,
-            lateness_ms,
-            idle_timeout_ms: given.positive(P::IdleTimeoutMs)?,
-        },
-        key_field,
-        time_field,
-        value_field,
+        extra: extra_settings(&engine, &value_field),
     };
     let job_config = JobConfig {
         job: job.clone(),
@@ -713,7 +952,12 @@ mod tests {
                 pattern: "data/*.ndjson".into()
             }
         );
-        assert_eq!(c.job.engine.value_field.as_str(), "payload.value");
+        assert_eq!(c.job.settings.value_field, "payload.value");
+        assert_eq!(c.job.engine.window, WindowKind::Tumbling);
+        assert!(
+            c.job.settings.extra.is_empty(),
+            "defaults are not extra settings"
+        );
         assert_eq!(c.job.tables.windows, "\"windows\"");
         assert_eq!(
             c.job.checkpoint,
@@ -788,6 +1032,116 @@ mod tests {
         );
     }
 
+    fn list(items: &[&str]) -> Arg {
+        Arg::List(items.iter().map(|s| Arg::Text(s.to_string())).collect())
+    }
+
+    #[test]
+    fn windows_keys_and_aggregates() {
+        let c = parse_run(
+            &args(
+                "t",
+                60_000,
+                0,
+                &[
+                    ("hop_ms", Arg::Int(1000)),
+                    ("group_by", list(&["region", "item.sku AS sku"])),
+                    ("aggregates", list(&["count(*) AS orders", "sum(amount)"])),
+                ],
+            ),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.job.engine.window, WindowKind::Hopping { hop_ms: 1000 });
+        let schema = c.job.engine.windows_schema();
+        let names: Vec<&str> = schema.columns.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "window_start_ms",
+                "window_end_ms",
+                "region",
+                "sku",
+                "orders",
+                "sum_amount"
+            ]
+        );
+        assert_eq!(schema.primary_key, ["region", "sku", "window_start_ms"]);
+        assert_eq!(c.job.settings.extra["hop_ms"], "1000");
+        assert!(c.job.settings.extra["group_by"].contains("item.sku AS sku"));
+        let c = parse_run(
+            &args(
+                "t",
+                10,
+                0,
+                &[
+                    ("window_kind", Arg::Text("SESSION".into())),
+                    ("group_by", list(&[])),
+                ],
+            ),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.job.engine.window, WindowKind::Session);
+        assert_eq!(
+            c.job.engine.windows_schema().primary_key,
+            ["window_start_ms"]
+        );
+        // hop_ms equal to the window is tumbling.
+        let c = parse_run(&args("t", 10, 0, &[("hop_ms", Arg::Int(10))]), None).unwrap();
+        assert_eq!(c.job.engine.window, WindowKind::Tumbling);
+    }
+
+    #[test]
+    fn window_and_aggregate_errors_name_the_expression() {
+        assert_eq!(
+            err(args("t", 1000, 0, &[("hop_ms", Arg::Int(300))])),
+            "invalid parameter 'hop_ms': must divide window_ms (1000) into equal steps (got 300)"
+        );
+        assert_eq!(
+            err(args("t", 1000, 0, &[("hop_ms", Arg::Int(5000))])),
+            "invalid parameter 'hop_ms': must be <= window_ms (1000) (got 5000)"
+        );
+        assert_eq!(
+            err(args("t", 1000, 0, &[("window_kind", Arg::Text("sliding".into()))])),
+            "invalid parameter 'window_kind': must be 'tumbling', 'hopping' or 'session' (got 'sliding')"
+        );
+        assert_eq!(
+            err(args("t", 1000, 0, &[("window_kind", Arg::Text("hopping".into()))])),
+            "invalid parameter 'window_kind': 'hopping' needs hop_ms (how often a window starts) (got 'hopping')"
+        );
+        assert_eq!(
+            err(args("t", 1000, 0, &[("aggregates", list(&["median(amount)"]))])),
+            "invalid parameter 'aggregates': unknown aggregate function 'median' (known: count, sum, avg, min, max, approx_count_distinct, first, last) (got 'median(amount)')"
+        );
+        assert_eq!(
+            err(args("t", 1000, 0, &[("aggregates", list(&["sum(x) AS window_start_ms"]))])),
+            "invalid parameter 'aggregates': column 'window_start_ms' is reserved for the window bounds; give the expression another name (AS ...) (got 'sum(x) AS window_start_ms')"
+        );
+        assert_eq!(
+            err(args("t", 1000, 0, &[("aggregates", list(&["count(*)", "count(x) AS COUNT"]))])),
+            "invalid parameter 'aggregates': column 'COUNT' would appear twice in the windows table; give one expression another name (AS ...) (got 'count(x) AS COUNT')"
+        );
+        assert_eq!(
+            err(args("t", 1000, 0, &[("group_by", list(&["a..b"]))])),
+            "invalid parameter 'group_by': 'a..b' is not a field name or dotted path such as payload.value (got 'a..b')"
+        );
+        assert_eq!(
+            err(args("t", 1000, 0, &[("aggregates", list(&[]))])),
+            "invalid parameter 'aggregates': must list at least one aggregate, e.g. ['count(*)'] (got [])"
+        );
+        assert!(err(args(
+            "t",
+            1000,
+            0,
+            &[
+                ("aggregates", list(&["count(*)"])),
+                ("value_field", Arg::Text("v".into()))
+            ]
+        ))
+        .starts_with("invalid parameter 'value_field': cannot be combined with aggregates"));
+    }
+
     #[test]
     fn table_names() {
         assert_eq!(
@@ -831,11 +1185,21 @@ mod tests {
             RUN_PARAMS.len(),
             "a parameter is declared twice"
         );
-        let readme = include_str!("../README.md");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+        let mut readme = std::fs::read_to_string(path).unwrap();
         let table = markdown_table(RUN_PARAMS);
+        if std::env::var_os("STREAMING_ETL_WRITE_README").is_some() {
+            // `make readme`: the README's table is rewritten from RUN_PARAMS.
+            let start = readme
+                .find("| parameter | type | default | meaning |")
+                .unwrap();
+            let end = start + readme[start..].find("\n\n").unwrap() + 1;
+            readme.replace_range(start..end, &table);
+            std::fs::write(path, &readme).unwrap();
+        }
         assert!(
             readme.contains(&table),
-            "README.md must contain the parameter table generated from params::RUN_PARAMS:\n{table}"
+            "README.md must contain the parameter table generated from params::RUN_PARAMS (make readme):\n{table}"
         );
     }
 }

@@ -31,16 +31,16 @@ fn main() {
         }
     };
     let field = |s: &str| FieldPath::parse(s).unwrap_or_else(|| std::process::exit(2));
-    let cfg = EngineConfig {
-        time: TimeSpec {
+    let cfg = EngineConfig::with_defaults(
+        TimeSpec {
             window_ms,
             lateness_ms,
             idle_timeout_ms: None,
         },
-        key_field: field("key"),
-        time_field: field("event_time_ms"),
-        value_field: field("payload.value"),
-    };
+        field("key"),
+        field("event_time_ms"),
+        &field("payload.value"),
+    );
     let partitions = source
         .partitions()
         .iter()

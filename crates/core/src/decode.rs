@@ -1,17 +1,16 @@
-//! Decoding one message: the key, event time and value fields are read out of a JSON object in
-//! a single pass, without building a JSON tree and without allocating, while the rest of the
-//! message is still checked to be valid JSON (a message a JSON parser rejects is a dead letter).
-
-/// Event times outside years 1..=9999 are rejected: they are almost always unit mistakes
-/// (seconds or microseconds), and inside this range window arithmetic cannot overflow.
-pub const MIN_EVENT_TIME_MS: i64 = -62_135_596_800_000;
-pub const MAX_EVENT_TIME_MS: i64 = 253_402_300_799_999;
+//! Decoding one message: the fields a job reads (given as dotted paths) are found in a JSON
+//! object in a single pass, without building a JSON tree and without allocating, while the rest
+//! of the message is still checked to be valid JSON (a message a JSON parser rejects is a dead
+//! letter). What each field means (a time, a key, a number) is decided by `record`.
 
 /// Deeper nesting than this is refused rather than recursed into.
 pub const MAX_DEPTH: usize = 128;
 
+/// At most this many distinct paths are read from a message (a bit each in a mask).
+pub const MAX_PATHS: usize = 64;
+
 /// A dotted path to a field, e.g. `payload.value`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct FieldPath {
     text: String,
     segments: Vec<Box<[u8]>>,
@@ -32,21 +31,15 @@ impl FieldPath {
     pub fn as_str(&self) -> &str {
         &self.text
     }
+
+    /// The last segment (`value` for `payload.value`): the default name of an output column.
+    pub fn last_segment(&self) -> &str {
+        self.text.rsplit('.').next().unwrap_or(&self.text)
+    }
 }
 
-/// Which of the three fields an error is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Field {
-    Key,
-    Time,
-    Value,
-}
-
-const KEY: usize = 0;
-const TIME: usize = 1;
-const VALUE: usize = 2;
-
-/// Why a message was rejected. Cheap to build; the text is only made for dead letters.
+/// Why a message is not JSON (or not a JSON object). Cheap to build; the text is only made for
+/// dead letters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodeError {
     Empty,
@@ -54,76 +47,156 @@ pub enum DecodeError {
     NotJson(&'static str),
     NotObject,
     TooDeep,
-    Missing(Field),
-    Null(Field),
-    WrongType(Field, &'static str),
-    OutOfRange(Field),
-    Duplicate(Field),
-    KeyNotUtf8,
 }
 
-/// The result of a successful decode. `key` is `None` when the message has no key field (the
-/// Kafka source then falls back to the message key).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Decoded<'a> {
-    pub key: Option<&'a str>,
-    pub event_time_ms: i64,
-    pub value: Option<f64>,
+impl DecodeError {
+    pub fn describe(self) -> String {
+        match self {
+            DecodeError::Empty => "empty message".to_string(),
+            DecodeError::InvalidUtf8 => "not JSON: invalid UTF-8".to_string(),
+            DecodeError::NotJson(why) => format!("not JSON: {why}"),
+            DecodeError::NotObject => "not a JSON object".to_string(),
+            DecodeError::TooDeep => {
+                format!("not accepted: JSON nested deeper than {MAX_DEPTH} levels")
+            }
+        }
+    }
 }
 
+/// What a field holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Missing,
+    Null,
+    Bool,
+    Number,
+    String,
+    Object,
+    Array,
+}
+
+impl Kind {
+    /// How a value of this kind is described in a dead-letter reason.
+    pub fn shown(self) -> &'static str {
+        match self {
+            Kind::Missing => "missing",
+            Kind::Null => "null",
+            Kind::Bool => "a boolean",
+            Kind::Number => "a number",
+            Kind::String => "a string",
+            Kind::Object => "an object",
+            Kind::Array => "an array",
+        }
+    }
+}
+
+/// Where a field's value is: a span of the message, or of the decoder's scratch buffer (a
+/// string with escapes, unescaped).
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    kind: Kind,
+    start: usize,
+    end: usize,
+    in_scratch: bool,
+    /// A number written without fraction or exponent.
+    integer: bool,
+}
+
+const MISSING: Span = Span {
+    kind: Kind::Missing,
+    start: 0,
+    end: 0,
+    in_scratch: false,
+    integer: false,
+};
+
+/// One field of a decoded message.
+#[derive(Debug, Clone, Copy)]
+pub struct Field<'a> {
+    pub kind: Kind,
+    /// A string's content (unescaped), a number's literal, `true`/`false`, or an object's or
+    /// array's JSON text; empty when missing or null.
+    pub bytes: &'a [u8],
+    /// A number written without fraction or exponent.
+    pub integer: bool,
+    /// The field appears more than once in the message.
+    pub duplicate: bool,
+}
+
+impl<'a> Field<'a> {
+    /// The value as text (it is UTF-8: the message was checked while decoding).
+    pub fn text(&self) -> Option<&'a str> {
+        std::str::from_utf8(self.bytes).ok()
+    }
+}
+
+/// The fields of a decoded message, by path index.
+pub struct Fields<'a> {
+    raw: &'a [u8],
+    scratch: &'a [u8],
+    spans: &'a [Span],
+    duplicates: u64,
+}
+
+impl<'a> Fields<'a> {
+    #[inline]
+    pub fn get(&self, i: usize) -> Field<'a> {
+        let s = self.spans.get(i).copied().unwrap_or(MISSING);
+        let src = if s.in_scratch { self.scratch } else { self.raw };
+        Field {
+            kind: s.kind,
+            bytes: src.get(s.start..s.end).unwrap_or(&[]),
+            integer: s.integer,
+            duplicate: self.duplicates & (1 << i) != 0,
+        }
+    }
+}
+
+/// Reads a fixed set of paths out of messages.
 pub struct Decoder {
-    paths: [FieldPath; 3],
-    /// Unescaped key text, reused between messages.
-    key_buf: String,
+    paths: Vec<FieldPath>,
+    spans: Vec<Span>,
+    /// Unescaped strings of the current message.
+    scratch: Vec<u8>,
     /// Unescaped member names that had to be compared with a path segment.
     name_buf: Vec<u8>,
 }
 
-/// Where the key's text is: inside the message, or unescaped into `key_buf`.
-#[derive(Clone, Copy)]
-enum KeySpan {
-    Raw(usize, usize),
-    Unescaped,
-}
-
-struct Found {
-    seen: u8,
-    key: Option<KeySpan>,
-    time: i64,
-    value: Option<f64>,
-}
-
 impl Decoder {
-    pub fn new(key: FieldPath, time: FieldPath, value: FieldPath) -> Decoder {
+    /// A decoder for `paths` (at most [`MAX_PATHS`], each once).
+    pub fn new(paths: Vec<FieldPath>) -> Decoder {
+        let n = paths.len().min(MAX_PATHS);
         Decoder {
-            paths: [key, time, value],
-            key_buf: String::new(),
+            spans: vec![MISSING; n],
+            paths: paths.into_iter().take(n).collect(),
+            scratch: Vec::new(),
             name_buf: Vec::new(),
         }
     }
 
-    pub fn field_name(&self, field: Field) -> &str {
-        self.paths[field as usize].as_str()
+    pub fn path(&self, i: usize) -> &FieldPath {
+        &self.paths[i]
     }
 
-    /// Decodes one message. Fails with the first problem found.
-    pub fn decode<'a>(&'a mut self, raw: &'a [u8]) -> Result<Decoded<'a>, DecodeError> {
+    /// Decodes one message. Fails with the first syntax problem found.
+    pub fn decode<'a>(&'a mut self, raw: &'a [u8]) -> Result<Fields<'a>, DecodeError> {
         // Outside strings, valid JSON is ASCII (anything else is a syntax error); inside
         // strings, the scanner checks UTF-8 where a byte is not ASCII. So the message is UTF-8
         // once it has parsed.
-        let mut found = Found {
-            seen: 0,
-            key: None,
-            time: 0,
-            value: None,
-        };
+        self.spans.fill(MISSING);
+        self.scratch.clear();
+        let mut seen = 0u64;
+        let mut duplicates = 0u64;
         {
             let mut p = Parser {
                 b: raw,
                 i: 0,
                 paths: &self.paths,
-                key_buf: &mut self.key_buf,
                 name_buf: &mut self.name_buf,
+                scratch: &mut self.scratch,
+                spans: &mut self.spans,
+                seen: &mut seen,
+                duplicates: &mut duplicates,
             };
             p.ws();
             match p.peek() {
@@ -140,7 +213,12 @@ impl Decoder {
                     });
                 }
             }
-            p.object(0, 0b111, &mut found)?;
+            let all = if self.paths.len() == 64 {
+                u64::MAX
+            } else {
+                (1u64 << self.paths.len()) - 1
+            };
+            p.object(0, all)?;
             p.ws();
             if p.i != p.b.len() {
                 return Err(DecodeError::NotJson(
@@ -148,70 +226,24 @@ impl Decoder {
                 ));
             }
         }
-        if found.seen & (1 << TIME) == 0 {
-            return Err(DecodeError::Missing(Field::Time));
-        }
-        let key = match found.key {
-            // The span was checked to be UTF-8 by the string scanner, or is a number.
-            Some(KeySpan::Raw(s, e)) => {
-                Some(std::str::from_utf8(&raw[s..e]).map_err(|_| DecodeError::InvalidUtf8)?)
-            }
-            Some(KeySpan::Unescaped) => Some(self.key_buf.as_str()),
-            None => None,
-        };
-        Ok(Decoded {
-            key,
-            event_time_ms: found.time,
-            value: found.value,
+        Ok(Fields {
+            raw,
+            scratch: &self.scratch,
+            spans: &self.spans,
+            duplicates,
         })
-    }
-
-    /// The dead-letter reason for an error, naming the field path it is about.
-    pub fn describe(&self, err: DecodeError) -> String {
-        let name = |f: Field| self.field_name(f).to_string();
-        let what = |f: Field| match f {
-            Field::Key => "key",
-            Field::Time => "event time",
-            Field::Value => "value",
-        };
-        match err {
-            DecodeError::Empty => "empty message".to_string(),
-            DecodeError::InvalidUtf8 => "not JSON: invalid UTF-8".to_string(),
-            DecodeError::NotJson(why) => format!("not JSON: {why}"),
-            DecodeError::NotObject => "not a JSON object".to_string(),
-            DecodeError::TooDeep => format!("not accepted: JSON nested deeper than {MAX_DEPTH} levels"),
-            DecodeError::Missing(f) => format!("missing {} field '{}'", what(f), name(f)),
-            DecodeError::Null(f) => format!("{} field '{}' is null", what(f), name(f)),
-            DecodeError::WrongType(f, why) => {
-                format!("{} field '{}' {}", what(f), name(f), why)
-            }
-            DecodeError::OutOfRange(Field::Time) => format!(
-                "event time field '{}' is out of range (must be epoch milliseconds between {} and {})",
-                name(Field::Time),
-                MIN_EVENT_TIME_MS,
-                MAX_EVENT_TIME_MS
-            ),
-            DecodeError::OutOfRange(f) => format!(
-                "{} field '{}' is out of range (not a finite double)",
-                what(f),
-                name(f)
-            ),
-            DecodeError::Duplicate(f) => {
-                format!("{} field '{}' appears more than once", what(f), name(f))
-            }
-            DecodeError::KeyNotUtf8 => {
-                "missing key: no key field and the message key is not valid UTF-8".to_string()
-            }
-        }
     }
 }
 
 struct Parser<'a, 'b> {
     b: &'a [u8],
     i: usize,
-    paths: &'b [FieldPath; 3],
-    key_buf: &'b mut String,
+    paths: &'b [FieldPath],
     name_buf: &'b mut Vec<u8>,
+    scratch: &'b mut Vec<u8>,
+    spans: &'b mut [Span],
+    seen: &'b mut u64,
+    duplicates: &'b mut u64,
 }
 
 /// A scanned JSON string: its content span (without quotes) and whether it has escapes.
@@ -255,9 +287,9 @@ impl Parser<'_, '_> {
         }
     }
 
-    /// Parses an object whose members may hold the fields in `active` (a bit per field whose
-    /// path matched every enclosing member name so far).
-    fn object(&mut self, depth: usize, active: u8, found: &mut Found) -> Result<(), DecodeError> {
+    /// Parses an object whose members may hold the fields in `active` (a bit per path that
+    /// matched every enclosing member name so far).
+    fn object(&mut self, depth: usize, active: u64) -> Result<(), DecodeError> {
         if depth >= MAX_DEPTH {
             return Err(DecodeError::TooDeep);
         }
@@ -286,9 +318,9 @@ impl Parser<'_, '_> {
                 self.match_name(name, depth, active)
             };
             if leaf != 0 {
-                self.target(leaf, found)?;
+                self.target(leaf, deeper, depth)?;
             } else if deeper != 0 && self.peek() == Some(b'{') {
-                self.object(depth + 1, deeper, found)?;
+                self.object(depth + 1, deeper)?;
             } else {
                 self.skip_value(depth + 1)?;
             }
@@ -306,7 +338,7 @@ impl Parser<'_, '_> {
     }
 
     /// Which active paths end at this member (`leaf`) or continue below it (`deeper`).
-    fn match_name(&mut self, name: Str, depth: usize, active: u8) -> (u8, u8) {
+    fn match_name(&mut self, name: Str, depth: usize, active: u64) -> (u64, u64) {
         let raw: &[u8] = if name.escaped {
             self.name_buf.clear();
             if unescape_into(&self.b[name.start..name.end], self.name_buf).is_err() {
@@ -316,11 +348,12 @@ impl Parser<'_, '_> {
         } else {
             &self.b[name.start..name.end]
         };
-        let (mut leaf, mut deeper) = (0u8, 0u8);
-        for (f, path) in self.paths.iter().enumerate() {
-            if active & (1 << f) == 0 {
-                continue;
-            }
+        let (mut leaf, mut deeper) = (0u64, 0u64);
+        let mut bits = active;
+        while bits != 0 {
+            let f = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let path = &self.paths[f];
             if path.segments.get(depth).is_some_and(|s| &s[..] == raw) {
                 if depth + 1 == path.segments.len() {
                     leaf |= 1 << f;
@@ -332,104 +365,76 @@ impl Parser<'_, '_> {
         (leaf, deeper)
     }
 
-    /// Reads the value of a member that is one (or more) of the fields.
-    fn target(&mut self, fields: u8, found: &mut Found) -> Result<(), DecodeError> {
-        for f in 0..3 {
-            if fields & (1 << f) != 0 && found.seen & (1 << f) != 0 {
-                return Err(DecodeError::Duplicate(field_of(f)));
-            }
-        }
-        found.seen |= fields;
-        match self.peek() {
+    /// Reads the value of a member that ends the paths in `leaf` (and may continue those in
+    /// `deeper`, when it is an object), recording where the value is.
+    fn target(&mut self, leaf: u64, deeper: u64, depth: usize) -> Result<(), DecodeError> {
+        let start = self.i;
+        let span = match self.peek() {
             Some(b'"') => {
                 let s = self.string()?;
-                if fields & (1 << TIME) != 0 {
-                    return Err(DecodeError::WrongType(
-                        Field::Time,
-                        "is a string, not an integer",
-                    ));
-                }
-                if fields & (1 << VALUE) != 0 {
-                    return Err(DecodeError::WrongType(
-                        Field::Value,
-                        "is a string, not a number",
-                    ));
-                }
-                found.key = Some(if s.escaped {
-                    let mut bytes = std::mem::take(self.key_buf).into_bytes();
-                    bytes.clear();
-                    unescape_into(&self.b[s.start..s.end], &mut bytes).map_err(|_| {
-                        DecodeError::WrongType(Field::Key, "has an invalid \\u escape")
-                    })?;
-                    *self.key_buf = String::from_utf8(bytes).map_err(|_| {
-                        DecodeError::WrongType(Field::Key, "has an invalid \\u escape")
-                    })?;
-                    KeySpan::Unescaped
+                if s.escaped {
+                    let from = self.scratch.len();
+                    unescape_into(&self.b[s.start..s.end], self.scratch)
+                        .map_err(|()| DecodeError::NotJson("invalid escape in a string"))?;
+                    Span {
+                        kind: Kind::String,
+                        start: from,
+                        end: self.scratch.len(),
+                        in_scratch: true,
+                        integer: false,
+                    }
                 } else {
-                    KeySpan::Raw(s.start, s.end)
-                });
-                Ok(())
+                    Span {
+                        kind: Kind::String,
+                        start: s.start,
+                        end: s.end,
+                        in_scratch: false,
+                        integer: false,
+                    }
+                }
             }
             Some(b'-' | b'0'..=b'9') => {
-                let (start, end, integer) = self.number()?;
-                let text = &self.b[start..end];
-                if fields & (1 << TIME) != 0 {
-                    if !integer {
-                        return Err(DecodeError::WrongType(
-                            Field::Time,
-                            "is not an integer (epoch milliseconds)",
-                        ));
-                    }
-                    let t = parse_i64(text).ok_or(DecodeError::OutOfRange(Field::Time))?;
-                    if !(MIN_EVENT_TIME_MS..=MAX_EVENT_TIME_MS).contains(&t) {
-                        return Err(DecodeError::OutOfRange(Field::Time));
-                    }
-                    found.time = t;
+                let (s, e, integer) = self.number()?;
+                Span {
+                    kind: Kind::Number,
+                    start: s,
+                    end: e,
+                    in_scratch: false,
+                    integer,
                 }
-                if fields & (1 << VALUE) != 0 {
-                    let v = parse_f64(text).ok_or(DecodeError::NotJson("invalid number"))?;
-                    if !v.is_finite() {
-                        return Err(DecodeError::OutOfRange(Field::Value));
-                    }
-                    found.value = Some(v);
-                }
-                if fields & (1 << KEY) != 0 {
-                    found.key = Some(KeySpan::Raw(start, end));
-                }
-                Ok(())
-            }
-            Some(b'n') => {
-                self.literal(b"null")?;
-                if fields & (1 << KEY) != 0 {
-                    return Err(DecodeError::Null(Field::Key));
-                }
-                if fields & (1 << TIME) != 0 {
-                    return Err(DecodeError::Null(Field::Time));
-                }
-                // A null value is a message without a value: counted, adds nothing.
-                Ok(())
             }
             Some(c) => {
                 let kind = match c {
-                    b't' | b'f' => "is a boolean",
-                    b'{' => "is an object",
-                    b'[' => "is an array",
+                    b't' | b'f' => Kind::Bool,
+                    b'n' => Kind::Null,
+                    b'{' => Kind::Object,
+                    b'[' => Kind::Array,
                     _ => return Err(DecodeError::NotJson("expected a value")),
                 };
-                let field = if fields & (1 << TIME) != 0 {
-                    Field::Time
-                } else if fields & (1 << VALUE) != 0 {
-                    Field::Value
+                if kind == Kind::Object && deeper != 0 {
+                    self.object(depth + 1, deeper)?;
                 } else {
-                    Field::Key
-                };
-                // The message is rejected either way; a syntax error inside wins, since
-                // "not JSON" is the more useful reason.
-                self.skip_value(1)?;
-                Err(DecodeError::WrongType(field, kind))
+                    self.skip_value(depth + 1)?;
+                }
+                Span {
+                    kind,
+                    start,
+                    end: self.i,
+                    in_scratch: false,
+                    integer: false,
+                }
             }
-            None => Err(NOT_JSON_EOF),
+            None => return Err(NOT_JSON_EOF),
+        };
+        *self.duplicates |= leaf & *self.seen;
+        *self.seen |= leaf;
+        let mut bits = leaf;
+        while bits != 0 {
+            let f = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            self.spans[f] = span;
         }
+        Ok(())
     }
 
     /// Skips one value, checking its syntax.
@@ -650,14 +655,6 @@ impl Parser<'_, '_> {
     }
 }
 
-fn field_of(f: usize) -> Field {
-    match f {
-        KEY => Field::Key,
-        TIME => Field::Time,
-        _ => Field::Value,
-    }
-}
-
 /// Whether any of the 8 bytes in `w` needs a look inside a string: '"', '\\', a control
 /// character (< 0x20) or a non-ASCII byte.
 #[inline]
@@ -673,7 +670,7 @@ fn special_byte(w: u64) -> bool {
 }
 
 /// Parses a JSON integer literal; `None` when it does not fit in an i64.
-fn parse_i64(text: &[u8]) -> Option<i64> {
+pub fn parse_i64(text: &[u8]) -> Option<i64> {
     let (neg, digits) = match text.split_first() {
         Some((b'-', rest)) => (true, rest),
         _ => (false, text),
@@ -706,7 +703,7 @@ const POW10: [f64; 23] = [
 
 /// Parses a validated JSON number. Short decimals (at most 15 digits, no exponent) take the
 /// exact fast path: an integer below 2^53 divided by an exact power of ten is correctly rounded.
-fn parse_f64(text: &[u8]) -> Option<f64> {
+pub fn parse_f64(text: &[u8]) -> Option<f64> {
     let (neg, body) = match text.split_first() {
         Some((b'-', rest)) => (true, rest),
         _ => (false, text),
@@ -799,189 +796,58 @@ fn hex4(h: &[u8]) -> Result<u32, ()> {
 mod tests {
     use super::*;
 
-    fn decoder() -> Decoder {
-        Decoder::new(
-            FieldPath::parse("key").unwrap(),
-            FieldPath::parse("event_time_ms").unwrap(),
-            FieldPath::parse("payload.value").unwrap(),
-        )
-    }
-
-    fn ok(line: &str) -> (Option<String>, i64, Option<f64>) {
-        let mut d = decoder();
-        let r = d.decode(line.as_bytes()).unwrap();
-        (r.key.map(str::to_string), r.event_time_ms, r.value)
-    }
-
-    fn err(line: &[u8]) -> String {
-        let mut d = decoder();
-        let e = d.decode(line).unwrap_err();
-        d.describe(e)
+    fn decoder(paths: &[&str]) -> Decoder {
+        Decoder::new(paths.iter().map(|p| FieldPath::parse(p).unwrap()).collect())
     }
 
     #[test]
-    fn reads_the_predecessor_format() {
-        let (k, t, v) =
-            ok(r#"{"key":"k1","event_time_ms":1700000000123,"payload":{"value":42.5}}"#);
-        assert_eq!(k.as_deref(), Some("k1"));
-        assert_eq!(t, 1_700_000_000_123);
-        assert_eq!(v, Some(42.5));
-    }
-
-    #[test]
-    fn fields_in_any_order_with_other_members_and_whitespace() {
-        let (k, t, v) = ok(
-            " { \"x\": [1, {\"key\": \"no\"}], \"payload\" : {\"a\":null, \"value\" : -1e2 } ,\r\n \"event_time_ms\" : -5, \"key\" : \"a\\\"b\" } ",
-        );
-        assert_eq!(k.as_deref(), Some("a\"b"));
-        assert_eq!(t, -5);
-        assert_eq!(v, Some(-100.0));
-    }
-
-    #[test]
-    fn missing_or_null_value_is_not_an_error() {
-        assert_eq!(ok(r#"{"key":"a","event_time_ms":1}"#).2, None);
-        assert_eq!(
-            ok(r#"{"key":"a","event_time_ms":1,"payload":{"value":null}}"#).2,
-            None
-        );
-        assert_eq!(ok(r#"{"key":"a","event_time_ms":1,"payload":7}"#).2, None);
-    }
-
-    #[test]
-    fn numeric_keys_keep_their_text() {
-        assert_eq!(
-            ok(r#"{"key":42,"event_time_ms":1}"#).0.as_deref(),
-            Some("42")
-        );
-    }
-
-    #[test]
-    fn missing_key_is_reported_by_the_caller() {
-        assert_eq!(ok(r#"{"event_time_ms":1}"#).0, None);
-    }
-
-    #[test]
-    fn unicode_escapes_in_keys() {
-        assert_eq!(
-            ok(r#"{"key":"\u00e9\ud83d\ude00","event_time_ms":1}"#)
-                .0
-                .as_deref(),
-            Some("é😀")
-        );
-        assert_eq!(
-            ok(r#"{"k\u0065y":"x","event_time_ms":1}"#).0.as_deref(),
-            Some("x")
-        );
-    }
-
-    #[test]
-    fn rejections_name_the_reason_and_field() {
-        assert_eq!(err(b""), "empty message");
-        assert_eq!(err(b"   "), "empty message");
-        assert_eq!(err(b"not json"), "not JSON: expected a value");
-        assert_eq!(err(b"[1,2]"), "not a JSON object");
-        assert_eq!(
-            err(b"{\"key\":\"a\""),
-            "not JSON: unexpected end of message"
-        );
-        assert_eq!(
-            err(b"{\"key\":\"a\",\"event_time_ms\":1} x"),
-            "not JSON: unexpected characters after the JSON object"
-        );
-        assert_eq!(
-            err(b"{\"key\":\"\xff\",\"event_time_ms\":1}"),
-            "not JSON: invalid UTF-8"
-        );
-        assert_eq!(
-            err(br#"{"key":"a"}"#),
-            "missing event time field 'event_time_ms'"
-        );
-        assert_eq!(
-            err(br#"{"key":null,"event_time_ms":1}"#),
-            "key field 'key' is null"
-        );
-        assert_eq!(
-            err(br#"{"key":"a","event_time_ms":"1"}"#),
-            "event time field 'event_time_ms' is a string, not an integer"
-        );
-        assert_eq!(
-            err(br#"{"key":"a","event_time_ms":1.5}"#),
-            "event time field 'event_time_ms' is not an integer (epoch milliseconds)"
-        );
-        assert_eq!(
-            err(br#"{"key":"a","event_time_ms":1e3}"#),
-            "event time field 'event_time_ms' is not an integer (epoch milliseconds)"
-        );
-        assert!(err(br#"{"key":"a","event_time_ms":99999999999999999999}"#)
-            .starts_with("event time field 'event_time_ms' is out of range"));
-        assert!(err(br#"{"key":"a","event_time_ms":253402300800000}"#).contains("out of range"));
-        assert_eq!(
-            err(br#"{"key":"a","event_time_ms":1,"payload":{"value":"x"}}"#),
-            "value field 'payload.value' is a string, not a number"
-        );
-        assert_eq!(
-            err(br#"{"key":"a","event_time_ms":1,"payload":{"value":true}}"#),
-            "value field 'payload.value' is a boolean"
-        );
-        assert_eq!(
-            err(br#"{"key":"a","event_time_ms":1,"payload":{"value":1e999}}"#),
-            "value field 'payload.value' is out of range (not a finite double)"
-        );
-        assert_eq!(
-            err(br#"{"key":{"a":1},"event_time_ms":1}"#),
-            "key field 'key' is an object"
-        );
-        assert_eq!(
-            err(br#"{"key":"a","key":"b","event_time_ms":1}"#),
-            "key field 'key' appears more than once"
-        );
-        assert_eq!(
-            err(br#"{"key":"a","event_time_ms":NaN}"#),
-            "not JSON: expected a value"
-        );
-        assert_eq!(
-            err(br#"{"key":"a","event_time_ms":01}"#),
-            "not JSON: expected ',' or '}' in an object"
-        );
-        assert_eq!(
-            err(b"{\"key\":\"a\tb\",\"event_time_ms\":1}"),
-            "not JSON: unescaped control character in a string"
-        );
+    fn finds_each_path_once_with_its_kind_and_text() {
+        let mut d = decoder(&["a", "b.c", "b", "e", "n", "arr", "s"]);
+        let f = d
+            .decode(br#"{"a":-1.5e3,"b":{"c":"x\ty","z":[1]},"e":true,"n":null,"arr":[1,{"q":2}],"s":"\u00e9"}"#)
+            .unwrap();
+        let k = |i| (f.get(i).kind, f.get(i).text().unwrap().to_string());
+        assert_eq!(k(0), (Kind::Number, "-1.5e3".into()));
+        assert!(!f.get(0).integer);
+        assert_eq!(k(1), (Kind::String, "x\ty".into()));
+        assert_eq!(k(2), (Kind::Object, r#"{"c":"x\ty","z":[1]}"#.into()));
+        assert_eq!(k(3), (Kind::Bool, "true".into()));
+        assert_eq!(k(4), (Kind::Null, "null".into()));
+        assert_eq!(k(5), (Kind::Array, r#"[1,{"q":2}]"#.into()));
+        assert_eq!(k(6), (Kind::String, "é".into()));
+        let f = d.decode(br#"{"a":1,"a":2}"#).unwrap();
+        assert!(f.get(0).duplicate && f.get(0).integer);
+        assert_eq!(f.get(1).kind, Kind::Missing);
     }
 
     #[test]
     fn surrogates_must_come_in_pairs_anywhere() {
+        let mut d = decoder(&["key"]);
+        assert!(d.decode(br#"{"key":"a","x":"\ud83d\ude00"}"#).is_ok());
+        let unpaired: Result<(), DecodeError> = Err(UNPAIRED_SURROGATE);
         assert_eq!(
-            ok(r#"{"key":"a","x":"\ud83d\ude00","event_time_ms":1}"#).1,
-            1
-        );
-        let unpaired = "not JSON: invalid \\u escape in a string (unpaired surrogate)";
-        assert_eq!(
-            err(br#"{"key":"a","x":"\ud800","event_time_ms":1}"#),
-            unpaired
+            d.decode(br#"{"key":"a","x":"\ud800"}"#).err(),
+            unpaired.err()
         );
         assert_eq!(
-            err(br#"{"key":"a","x":"\udc00","event_time_ms":1}"#),
-            unpaired
+            d.decode(br#"{"key":"a","x":"\udc00"}"#).err(),
+            unpaired.err()
         );
-        assert_eq!(err(br#"{"key":"\ud800x","event_time_ms":1}"#), unpaired);
-        assert_eq!(
-            err(br#"{"key":"\ud800\u0041","event_time_ms":1}"#),
-            unpaired
-        );
+        assert_eq!(d.decode(br#"{"key":"\ud800x"}"#).err(), unpaired.err());
+        assert_eq!(d.decode(br#"{"key":"\ud800\u0041"}"#).err(), unpaired.err());
     }
 
     #[test]
     fn deep_nesting_is_refused_without_recursing_forever() {
+        let mut d = decoder(&["key"]);
         let deep = format!("{{\"a\":{}1{}}}", "[".repeat(100_000), "]".repeat(100_000));
-        assert!(err(deep.as_bytes()).contains("nested deeper"));
+        assert_eq!(d.decode(deep.as_bytes()).err(), Some(DecodeError::TooDeep));
         let fine = format!(
-            "{{\"a\":{}1{},\"key\":\"k\",\"event_time_ms\":3}}",
+            "{{\"a\":{}1{},\"key\":\"k\"}}",
             "[".repeat(100),
             "]".repeat(100)
         );
-        assert_eq!(ok(&fine).1, 3);
+        assert_eq!(d.decode(fine.as_bytes()).unwrap().get(0).bytes, b"k");
     }
 
     #[test]
@@ -995,18 +861,13 @@ mod tests {
             br#"{"key":"a","event_time_ms":1,}"#,
             br#"{"key":"a","event_time_ms":1,"x":tru}"#,
             br#"{"key":"a" "event_time_ms":1}"#,
+            br#"{"key":{"a":[}}"#,
         ];
+        let mut d = decoder(&["key", "event_time_ms", "key.a"]);
         for c in cases {
             let serde_ok = serde_json::from_slice::<serde_json::Value>(c).is_ok();
-            let mut d = decoder();
-            let ours = d.decode(c);
-            assert_eq!(
-                serde_ok,
-                ours.is_ok(),
-                "{}: ours {:?}",
-                String::from_utf8_lossy(c),
-                ours
-            );
+            let ours = d.decode(c).is_ok();
+            assert_eq!(serde_ok, ours, "{}", String::from_utf8_lossy(c));
         }
     }
 
@@ -1016,5 +877,6 @@ mod tests {
         assert!(FieldPath::parse("a..b").is_none());
         assert!(FieldPath::parse(".a").is_none());
         assert_eq!(FieldPath::parse("a.b").unwrap().segments.len(), 2);
+        assert_eq!(FieldPath::parse("a.b").unwrap().last_segment(), "b");
     }
 }

@@ -9,7 +9,7 @@ pub enum EtlError {
     #[error("invalid parameter '{name}': {reason} (got {got})")]
     InvalidParameter {
         name: &'static str,
-        reason: &'static str,
+        reason: String,
         got: String,
     },
 
@@ -57,10 +57,10 @@ pub enum EtlError {
 }
 
 impl EtlError {
-    pub fn invalid(name: &'static str, reason: &'static str, got: impl fmt::Display) -> Self {
+    pub fn invalid(name: &'static str, reason: impl Into<String>, got: impl fmt::Display) -> Self {
         EtlError::InvalidParameter {
             name,
-            reason,
+            reason: reason.into(),
             got: got.to_string(),
         }
     }

@@ -4,10 +4,15 @@
 //! DuckDB, Kafka or SQLite; those are adapters in the other crates of the workspace.
 #![forbid(unsafe_code)]
 
+pub mod aggregate;
 pub mod decode;
+pub mod engine;
 pub mod error;
+pub mod hll;
 pub mod pipeline;
+pub mod record;
 pub mod rows;
+pub mod session;
 pub mod source;
 pub mod state;
 pub mod watermark;

@@ -1,5 +1,4 @@
-//! The pipeline: decode → per-partition watermark → tumbling windows, with late events and bad
-//! messages sent to side outputs, over a source read in event-time order.
+//! The pipeline: a source read into the engine in event-time order, cycle by cycle.
 //!
 //! Reading order: the next message always comes from the partition (among those with
 //! something to deliver) whose largest event time so far is smallest, ties going to the lower
@@ -10,284 +9,12 @@
 
 use std::time::Instant;
 
-use crate::decode::{DecodeError, Decoder, Field, FieldPath};
+pub use crate::engine::{
+    Counters, Engine, EngineConfig, PartitionProgress, Restored, TimeSpec, WindowKind,
+};
 use crate::error::Result;
 use crate::source::{Message, Pull, Source};
-use crate::state::{Batch, CodecError, OutputSchemas};
-use crate::watermark::{PartitionClock, Watermarks, NO_WATERMARK};
-use crate::window::{default_windows_schema, window_end_ms, window_start_ms, WindowStore};
-
-/// Running totals of a run.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Counters {
-    pub events_consumed: u64,
-    pub windows_emitted: u64,
-    pub late_events: u64,
-    pub dead_letters: u64,
-}
-
-/// The event-time core for one job: pure state, fed one message at a time.
-pub struct Engine {
-    window_ms: i64,
-    /// The `topic` column of late events and dead letters.
-    topic: String,
-    decoder: Decoder,
-    windows: WindowStore,
-    marks: Watermarks,
-    partitions: Vec<i32>,
-    next_offsets: Vec<i64>,
-    /// Output since the last checkpoint.
-    out: Batch,
-    counters: Counters,
-    /// Wall clock used as ingest time; refreshed every few thousand messages.
-    now_ms: i64,
-}
-
-/// The event-time settings of a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TimeSpec {
-    pub window_ms: i64,
-    pub lateness_ms: i64,
-    pub idle_timeout_ms: Option<i64>,
-}
-
-/// Everything the engine of a job is configured with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EngineConfig {
-    pub time: TimeSpec,
-    pub key_field: FieldPath,
-    pub time_field: FieldPath,
-    pub value_field: FieldPath,
-}
-
-impl EngineConfig {
-    /// The output tables of a job with these settings.
-    pub fn schemas(&self) -> OutputSchemas {
-        OutputSchemas::new(default_windows_schema())
-    }
-
-    fn decoder(&self) -> Decoder {
-        Decoder::new(
-            self.key_field.clone(),
-            self.time_field.clone(),
-            self.value_field.clone(),
-        )
-    }
-}
-
-/// Where a job left off: the watermark floor, each partition's progress, the open windows (in
-/// their checkpoint form; None for a new job).
-#[derive(Debug, Default)]
-pub struct Restored {
-    pub floor_ms: i64,
-    pub partitions: Vec<PartitionProgress>,
-    pub open_windows: Option<Vec<u8>>,
-}
-
-/// A partition's position as the engine starts or checkpoints it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PartitionProgress {
-    pub partition: i32,
-    pub next_offset: i64,
-    pub clock: PartitionClock,
-}
-
-impl Engine {
-    pub fn new(
-        cfg: &EngineConfig,
-        restored: Restored,
-        now_ms: i64,
-        topic: &str,
-    ) -> Result<Engine, CodecError> {
-        let spec = cfg.time;
-        let decoder = cfg.decoder();
-        let windows = match &restored.open_windows {
-            Some(data) => WindowStore::decode(spec.window_ms, data)?,
-            None => WindowStore::new(spec.window_ms),
-        };
-        let partitions = &restored.partitions;
-        Ok(Engine {
-            window_ms: spec.window_ms,
-            topic: topic.to_string(),
-            decoder,
-            windows,
-            marks: Watermarks::new(
-                spec.lateness_ms,
-                spec.idle_timeout_ms,
-                restored.floor_ms,
-                partitions.iter().map(|p| p.clock).collect(),
-            ),
-            partitions: partitions.iter().map(|p| p.partition).collect(),
-            next_offsets: partitions.iter().map(|p| p.next_offset).collect(),
-            out: Batch::new(&cfg.schemas()),
-            counters: Counters::default(),
-            now_ms,
-        })
-    }
-
-    pub fn counters(&self) -> Counters {
-        self.counters
-    }
-
-    pub fn watermark_ms(&self) -> i64 {
-        self.marks.global_ms()
-    }
-
-    pub fn open_windows(&self) -> usize {
-        self.windows.open_windows()
-    }
-
-    /// The open windows in their checkpoint form.
-    pub fn encode_open_windows(&self, out: &mut Vec<u8>) {
-        self.windows.encode(out);
-    }
-
-    #[cfg(test)]
-    pub fn output(&self) -> &Batch {
-        &self.out
-    }
-
-    /// Hands over the output gathered since the last call (`into` must have this job's
-    /// schemas; it comes back empty for the next call).
-    pub fn take_output(&mut self, into: &mut Batch) {
-        into.clear();
-        std::mem::swap(into, &mut self.out);
-    }
-
-    /// Late and dead rows waiting in the output (bounds a cycle's memory).
-    pub fn pending_side_rows(&self) -> usize {
-        self.out.late.len() + self.out.dead.len()
-    }
-
-    /// Every partition's position and event-time progress, for a checkpoint.
-    pub fn progress(&self) -> Vec<PartitionProgress> {
-        self.partitions
-            .iter()
-            .zip(&self.next_offsets)
-            .zip(self.marks.clocks())
-            .map(|((&partition, &next_offset), &clock)| PartitionProgress {
-                partition,
-                next_offset,
-                clock,
-            })
-            .collect()
-    }
-
-    pub fn set_now(&mut self, now_ms: i64) {
-        self.now_ms = now_ms;
-        if self.marks.refresh_idle(now_ms) {
-            self.close_windows();
-        }
-    }
-
-    /// Records that the partition at `idx` delivered now (it is not idle).
-    pub fn delivered(&mut self, idx: usize) {
-        if self.marks.delivered(idx, self.now_ms) {
-            self.close_windows();
-        }
-    }
-
-    /// Processes one message of the partition at `idx`.
-    #[inline]
-    pub fn process(&mut self, idx: usize, msg: &Message<'_>) {
-        self.counters.events_consumed += 1;
-        self.next_offsets[idx] = msg.next_offset;
-        let partition = self.partitions[idx];
-        let decoded = match self.decoder.decode(msg.payload) {
-            Ok(d) => d,
-            Err(e) => return self.dead(partition, msg, e),
-        };
-        let key = match decoded.key {
-            Some(k) => k,
-            None => match msg.key {
-                Some(k) => match std::str::from_utf8(k) {
-                    Ok(k) => k,
-                    Err(_) => return self.dead(partition, msg, DecodeError::KeyNotUtf8),
-                },
-                None => return self.dead(partition, msg, DecodeError::Missing(Field::Key)),
-            },
-        };
-        let t = decoded.event_time_ms;
-        let start = window_start_ms(t, self.window_ms);
-        let end = window_end_ms(start, self.window_ms);
-        let watermark = self.marks.global_ms();
-        if end <= watermark {
-            self.counters.late_events += 1;
-            // Decoding checked the message is UTF-8.
-            let payload = std::str::from_utf8(msg.payload).unwrap_or_default();
-            self.out
-                .late
-                .row()
-                .str(key)
-                .i64(t)
-                .i64(self.now_ms)
-                .str(payload)
-                .i64(start)
-                .i64(end)
-                .i64(watermark)
-                .str(&self.topic)
-                .i32(partition)
-                .i64(msg.offset)
-                .finish();
-        } else {
-            self.windows.add(start, key, decoded.value);
-        }
-        if self.marks.observe(idx, t) {
-            self.close_windows();
-        }
-    }
-
-    /// Records offsets the source can no longer deliver (deleted by retention before the job
-    /// read them), so that they are visible as a dead letter instead of silently skipped.
-    pub fn record_gap(&mut self, idx: usize, from: i64, to: i64) {
-        let error = format!(
-            "messages at offsets {from} to {} were deleted by the broker (retention) before this job read them",
-            to - 1
-        );
-        self.push_dead(self.partitions[idx], from, &[], &error);
-    }
-
-    fn dead(&mut self, partition: i32, msg: &Message<'_>, e: DecodeError) {
-        let error = self.decoder.describe(e);
-        self.push_dead(partition, msg.offset, msg.payload, &error);
-    }
-
-    fn push_dead(&mut self, partition: i32, offset: i64, raw: &[u8], error: &str) {
-        self.counters.dead_letters += 1;
-        self.out
-            .dead
-            .row()
-            .str(&self.topic)
-            .i32(partition)
-            .i64(offset)
-            .i64(self.now_ms)
-            .bytes(raw)
-            .str(error)
-            .finish();
-    }
-
-    fn close_windows(&mut self) {
-        let before = self.out.windows.len();
-        self.windows
-            .close_through(self.marks.global_ms(), &mut self.out.windows);
-        self.counters.windows_emitted += (self.out.windows.len() - before) as u64;
-    }
-
-    /// Closes every open window (bounded input is over). The watermark moves up to the last
-    /// window end, so that later events for these windows are late, never a second version.
-    pub fn flush(&mut self) {
-        let before = self.out.windows.len();
-        if let Some(end) = self.windows.close_all(&mut self.out.windows) {
-            self.marks.raise_to(end);
-        }
-        self.counters.windows_emitted += (self.out.windows.len() - before) as u64;
-    }
-
-    #[inline]
-    fn order_key(&self, idx: usize) -> (i64, usize) {
-        (self.marks.max_event_time_ms(idx).unwrap_or(i64::MIN), idx)
-    }
-}
+use crate::watermark::NO_WATERMARK;
 
 /// Why reading stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -422,21 +149,25 @@ pub fn reported_watermark(ms: i64) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::FieldPath;
     use crate::rows::OwnedCell;
     use crate::source::memory::MemorySource;
+    use crate::state::Batch;
+    use crate::watermark::PartitionClock;
     use std::time::Duration;
 
     fn config(window: i64, lateness: i64) -> EngineConfig {
-        EngineConfig {
-            time: TimeSpec {
+        let p = |s: &str| FieldPath::parse(s).unwrap();
+        EngineConfig::with_defaults(
+            TimeSpec {
                 window_ms: window,
                 lateness_ms: lateness,
                 idle_timeout_ms: None,
             },
-            key_field: FieldPath::parse("key").unwrap(),
-            time_field: FieldPath::parse("event_time_ms").unwrap(),
-            value_field: FieldPath::parse("payload.value").unwrap(),
-        }
+            p("key"),
+            p("event_time_ms"),
+            &p("payload.value"),
+        )
     }
 
     fn ev(key: &str, t: i64, v: f64) -> String {

@@ -336,15 +336,67 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Output batches written by version 0.1 (format 1: fixed tables), still readable so a
-/// checkpoint left by a crash of that version is applied after an upgrade.
-mod legacy {
+/// What version 0.1 stored (format 1: fixed tables, tumbling windows only), still readable so a
+/// job checkpointed by that version resumes after an upgrade.
+pub(crate) mod legacy {
     use super::*;
+    use crate::aggregate::{AggState, SumState};
+    use crate::engine::EngineConfig;
     use crate::rows::Cell;
+    use crate::window::PaneStore;
+
+    /// Open windows: (start, key, count, values, sum, compensation, min, max) each.
+    pub fn decode_windows(
+        cfg: &EngineConfig,
+        floor_ms: i64,
+        data: &[u8],
+    ) -> Result<PaneStore, CodecError> {
+        let size = cfg.time.window_ms;
+        let mut store = PaneStore::new(size, size, 1, floor_ms);
+        let mut r = Reader { b: data, i: 0 };
+        r.u8()?;
+        for _ in 0..r.count()? {
+            let start = r.i64()?;
+            let key: Box<[u8]> = r.bytes()?.into();
+            let (count, values) = (r.i64()?, r.i64()?);
+            let (sum, comp, min, max) = (r.f64()?, r.f64()?, r.f64()?, r.f64()?);
+            let has = values > 0;
+            let states: Box<[AggState]> = Box::new([
+                AggState::Count(count),
+                AggState::Sum(SumState {
+                    n: values,
+                    sum,
+                    comp,
+                }),
+                AggState::Min(has.then_some(min)),
+                AggState::Max(has.then_some(max)),
+            ]);
+            store.insert_states(start, key, states);
+        }
+        r.end()?;
+        Ok(store)
+    }
+
+    /// The windows table of version 0.1 (the default job's).
+    pub fn default_windows_schema() -> TableSchema {
+        use ColumnType::*;
+        TableSchema::new(
+            &[
+                ("window_start_ms", BigInt),
+                ("window_end_ms", BigInt),
+                ("key", Varchar),
+                ("count", BigInt),
+                ("sum_value", Double),
+                ("min_value", Double),
+                ("max_value", Double),
+            ],
+            &["key", "window_start_ms"],
+        )
+    }
 
     pub fn decode_batch(data: &[u8], topic: &str) -> Result<(OutputSchemas, Batch), CodecError> {
         let mut r = Reader { b: data, i: 1 };
-        let schemas = OutputSchemas::new(crate::window::default_windows_schema());
+        let schemas = OutputSchemas::new(default_windows_schema());
         let mut batch = Batch::new(&schemas);
         for _ in 0..r.count()? {
             let start = r.i64()?;
@@ -407,7 +459,7 @@ mod tests {
     use crate::rows::{Cell, OwnedCell};
 
     fn schemas() -> OutputSchemas {
-        OutputSchemas::new(crate::window::default_windows_schema())
+        OutputSchemas::new(legacy::default_windows_schema())
     }
 
     fn sample() -> Batch {

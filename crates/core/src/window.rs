@@ -1,137 +1,55 @@
-//! Tumbling event-time windows per key: `[window_start_ms, window_start_ms + window_ms)`, with
-//! count/sum/min/max partial aggregates, kept so that the windows a watermark closes are found
-//! in watermark order without scanning the open ones.
+//! Tumbling and hopping event-time windows per key. A window is `[start, start + size)`; hopping
+//! windows start every `hop` ms (size a multiple of hop; tumbling is hop = size). Events are
+//! aggregated into panes of `hop` ms, and a window's row combines the panes it spans when the
+//! watermark passes its end, so an event costs the same whatever the number of windows it
+//! belongs to. Panes are kept by start, so the windows a watermark closes are found in order
+//! without scanning the open ones.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::rows::{ColumnType, Rows, TableSchema};
+use crate::aggregate::{decode_states, encode_states, merge_states, AggSpec, Input, States};
+use crate::record::key_parts;
+use crate::rows::Rows;
 use crate::state::{CodecError, Reader, Writer};
 
-/// The windows table of a job with the default key and aggregates (SPEC section 5).
-pub fn default_windows_schema() -> TableSchema {
-    use ColumnType::*;
-    TableSchema::new(
-        &[
-            ("window_start_ms", BigInt),
-            ("window_end_ms", BigInt),
-            ("key", Varchar),
-            ("count", BigInt),
-            ("sum_value", Double),
-            ("min_value", Double),
-            ("max_value", Double),
-        ],
-        &["key", "window_start_ms"],
-    )
-}
-
-/// `floor(event_time_ms / window_ms) * window_ms`, flooring also for negative times.
+/// `floor(event_time_ms / size_ms) * size_ms`, flooring also for negative times.
 #[inline]
-pub fn window_start_ms(event_time_ms: i64, window_ms: i64) -> i64 {
-    event_time_ms.div_euclid(window_ms) * window_ms
+pub fn window_start_ms(event_time_ms: i64, size_ms: i64) -> i64 {
+    event_time_ms.div_euclid(size_ms) * size_ms
 }
 
 /// The exclusive end of the window that starts at `start_ms`.
 #[inline]
-pub fn window_end_ms(start_ms: i64, window_ms: i64) -> i64 {
-    start_ms.saturating_add(window_ms)
+pub fn window_end_ms(start_ms: i64, size_ms: i64) -> i64 {
+    start_ms.saturating_add(size_ms)
 }
 
-/// A window's partial aggregate. The sum is compensated (Neumaier), so that it does not
-/// depend, in practice, on the order events were added in: a run that was stopped and resumed
-/// gets the same sums as a straight one.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Aggregate {
-    pub count: i64,
-    pub values: i64,
-    pub sum: f64,
-    pub compensation: f64,
-    pub min: f64,
-    pub max: f64,
-}
-
-impl Default for Aggregate {
-    fn default() -> Self {
-        Aggregate {
-            count: 0,
-            values: 0,
-            sum: 0.0,
-            compensation: 0.0,
-            min: f64::INFINITY,
-            max: f64::NEG_INFINITY,
-        }
-    }
-}
-
-impl Aggregate {
-    #[inline]
-    pub fn add(&mut self, value: Option<f64>) {
-        self.count += 1;
-        let Some(v) = value else { return };
-        self.values += 1;
-        let t = self.sum + v;
-        if t.is_finite() {
-            if self.sum.abs() >= v.abs() {
-                self.compensation += (self.sum - t) + v;
-            } else {
-                self.compensation += (v - t) + self.sum;
-            }
-        } else {
-            self.compensation = 0.0;
-        }
-        self.sum = t;
-        if v < self.min {
-            self.min = v;
-        }
-        if v > self.max {
-            self.max = v;
-        }
-    }
-
-    /// NULL (None) when no event of the window had a value, as SQL's SUM.
-    pub fn sum_value(&self) -> Option<f64> {
-        (self.values > 0).then(|| {
-            if self.sum.is_finite() {
-                self.sum + self.compensation
-            } else {
-                self.sum
-            }
-        })
-    }
-
-    pub fn min_value(&self) -> Option<f64> {
-        (self.values > 0).then_some(self.min)
-    }
-
-    pub fn max_value(&self) -> Option<f64> {
-        (self.values > 0).then_some(self.max)
-    }
-}
-
-/// FxHash: keys are short strings hashed once per event, where SipHash would cost more than the
-/// rest of the window update.
+/// FxHash: keys are short byte strings hashed once per event, where SipHash would cost more
+/// than the rest of the window update.
 #[derive(Default, Clone, Copy)]
 pub struct FxHasher(u64);
+
+const FX: u64 = 0x51_7c_c1_b7_27_22_0a_95;
 
 impl Hasher for FxHasher {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
         let mut h = self.0;
         let mut chunks = bytes.chunks_exact(8);
         for c in &mut chunks {
             let w = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-            h = (h.rotate_left(5) ^ w).wrapping_mul(K);
+            h = (h.rotate_left(5) ^ w).wrapping_mul(FX);
         }
         for &b in chunks.remainder() {
-            h = (h.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
+            h = (h.rotate_left(5) ^ u64::from(b)).wrapping_mul(FX);
         }
         self.0 = h;
     }
 
     #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.0 = (self.0.rotate_left(5) ^ u64::from(i)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    fn write_usize(&mut self, i: usize) {
+        self.0 = (self.0.rotate_left(5) ^ i as u64).wrapping_mul(FX);
     }
 
     #[inline]
@@ -140,153 +58,231 @@ impl Hasher for FxHasher {
     }
 }
 
-type Bucket = HashMap<Box<str>, Aggregate, BuildHasherDefault<FxHasher>>;
+/// Per key, the partial aggregates of one pane (or session).
+pub type KeyMap<V> = HashMap<Box<[u8]>, V, BuildHasherDefault<FxHasher>>;
 
-/// The open windows of a job, grouped by window start.
-pub struct WindowStore {
-    window_ms: i64,
-    buckets: BTreeMap<i64, Bucket>,
-    open: usize,
-    /// Emptied buckets kept for reuse, so a new window period does not allocate a table.
-    spare: Vec<Bucket>,
+/// Writes one window row: start, end, the key columns, the aggregates.
+pub fn write_window(
+    out: &mut Rows,
+    start: i64,
+    end: i64,
+    key: &[u8],
+    nkeys: usize,
+    s: &[crate::aggregate::AggState],
+) {
+    let mut row = out.row();
+    row.i64(start).i64(end);
+    for part in key_parts(key, nkeys) {
+        row.str(part);
+    }
+    for a in s {
+        row.cell(a.cell());
+    }
+    row.finish();
 }
 
-impl WindowStore {
-    pub fn new(window_ms: i64) -> WindowStore {
-        WindowStore {
-            window_ms,
-            buckets: BTreeMap::new(),
-            open: 0,
+/// The open panes of a tumbling or hopping job.
+pub struct PaneStore {
+    size_ms: i64,
+    hop_ms: i64,
+    nkeys: usize,
+    panes: BTreeMap<i64, KeyMap<States>>,
+    /// (pane, key) entries held.
+    entries: usize,
+    /// Every window ending at or before this was written.
+    closed_ms: i64,
+    /// Emptied maps kept for reuse, so a new pane does not allocate a table.
+    spare: Vec<KeyMap<States>>,
+}
+
+impl PaneStore {
+    pub fn new(size_ms: i64, hop_ms: i64, nkeys: usize, closed_ms: i64) -> PaneStore {
+        PaneStore {
+            size_ms,
+            hop_ms,
+            nkeys,
+            panes: BTreeMap::new(),
+            entries: 0,
+            closed_ms,
             spare: Vec::new(),
         }
     }
 
-    /// Adds an event to the window starting at `start_ms` for `key`. Allocates only when the
-    /// (key, window) pair is new.
+    /// The window an event at `t` is reported late against, if it is late: the last window it
+    /// belongs to, when that one's end is at or before the watermark.
     #[inline]
-    pub fn add(&mut self, start_ms: i64, key: &str, value: Option<f64>) {
-        let spare = &mut self.spare;
-        let bucket = self
-            .buckets
-            .entry(start_ms)
-            .or_insert_with(|| spare.pop().unwrap_or_default());
-        if let Some(agg) = bucket.get_mut(key) {
-            agg.add(value);
+    pub fn late_window(&self, t: i64, watermark_ms: i64) -> Result<(), (i64, i64)> {
+        let start = window_start_ms(t, self.hop_ms);
+        let end = window_end_ms(start, self.size_ms);
+        if end <= watermark_ms {
+            Err((start, end))
         } else {
-            let mut agg = Aggregate::default();
-            agg.add(value);
-            bucket.insert(key.into(), agg);
-            self.open += 1;
+            Ok(())
         }
     }
 
-    /// Restores a window from a checkpoint.
-    pub fn insert(&mut self, start_ms: i64, key: Box<str>, agg: Aggregate) {
-        if self
-            .buckets
-            .entry(start_ms)
-            .or_default()
-            .insert(key, agg)
-            .is_none()
-        {
-            self.open += 1;
-        }
-    }
-
-    /// Writes every window whose end is at or before `watermark_ms` to `out` (rows of the
-    /// windows table) and forgets it.
-    pub fn close_through(&mut self, watermark_ms: i64, out: &mut Rows) {
-        while let Some(entry) = self.buckets.first_entry() {
-            let start = *entry.key();
-            let end = window_end_ms(start, self.window_ms);
-            if end > watermark_ms {
-                break;
+    /// Adds an event (not late) to its pane. Allocates only when the (key, pane) pair is new.
+    #[inline]
+    pub fn add(&mut self, t: i64, key: &[u8], inputs: &[Input<'_>], aggs: &[AggSpec]) {
+        let pane = window_start_ms(t, self.hop_ms);
+        let spare = &mut self.spare;
+        let map = self
+            .panes
+            .entry(pane)
+            .or_insert_with(|| spare.pop().unwrap_or_default());
+        let states = match map.get_mut(key) {
+            Some(s) => s,
+            None => {
+                self.entries += 1;
+                map.entry(key.into())
+                    .or_insert_with(|| crate::aggregate::new_states(aggs))
             }
-            let bucket = entry.remove();
-            self.drain_bucket(start, end, bucket, out);
-        }
-    }
-
-    /// Closes every open window (end of bounded input); returns the latest end closed.
-    pub fn close_all(&mut self, out: &mut Rows) -> Option<i64> {
-        let mut last_end = None;
-        while let Some((start, bucket)) = self.buckets.pop_first() {
-            let end = window_end_ms(start, self.window_ms);
-            if !bucket.is_empty() {
-                last_end = Some(end);
-            }
-            self.drain_bucket(start, end, bucket, out);
-        }
-        last_end
-    }
-
-    fn drain_bucket(&mut self, start: i64, end: i64, mut bucket: Bucket, out: &mut Rows) {
-        self.open -= bucket.len();
-        for (key, agg) in bucket.drain() {
-            out.row()
-                .i64(start)
-                .i64(end)
-                .str(&key)
-                .i64(agg.count)
-                .opt_f64(agg.sum_value())
-                .opt_f64(agg.min_value())
-                .opt_f64(agg.max_value())
-                .finish();
-        }
-        if self.spare.len() < 64 {
-            self.spare.push(bucket);
+        };
+        for (s, input) in states.iter_mut().zip(inputs) {
+            s.add(t, *input);
         }
     }
 
     pub fn open_windows(&self) -> usize {
-        self.open
+        self.entries
     }
 
-    /// Every open window, in window-start order (for checkpoints).
-    pub fn iter(&self) -> impl Iterator<Item = (i64, &str, &Aggregate)> {
-        self.buckets
-            .iter()
-            .flat_map(|(&s, b)| b.iter().map(move |(k, a)| (s, &**k, a)))
-    }
-
-    /// The open windows in their checkpoint form.
-    pub fn encode(&self, out: &mut Vec<u8>) {
-        let mut w = Writer(out);
-        w.u8(1);
-        w.u64(self.open as u64);
-        for (start, key, a) in self.iter() {
-            w.i64(start);
-            w.bytes(key.as_bytes());
-            w.i64(a.count);
-            w.i64(a.values);
-            w.f64(a.sum);
-            w.f64(a.compensation);
-            w.f64(a.min);
-            w.f64(a.max);
+    /// Restores one (pane, key) entry.
+    pub(crate) fn insert_states(&mut self, pane: i64, key: Box<[u8]>, states: States) {
+        if self
+            .panes
+            .entry(pane)
+            .or_default()
+            .insert(key, states)
+            .is_none()
+        {
+            self.entries += 1;
         }
     }
 
-    /// Restores the open windows written by [`WindowStore::encode`].
-    pub fn decode(window_ms: i64, data: &[u8]) -> Result<WindowStore, CodecError> {
-        let mut store = WindowStore::new(window_ms);
-        let mut r = Reader { b: data, i: 0 };
-        if r.u8()? != 1 {
-            return Err(CodecError("unknown format version"));
+    /// The first window start not written yet, given the panes and what was closed.
+    fn next_start(&self, first_pane: i64) -> i64 {
+        let from_pane = first_pane - self.size_ms + self.hop_ms;
+        if self.closed_ms == i64::MIN {
+            return from_pane;
         }
+        // The smallest multiple of hop whose window ends after closed_ms.
+        let s = window_start_ms(self.closed_ms - self.size_ms, self.hop_ms) + self.hop_ms;
+        s.max(from_pane)
+    }
+
+    /// Writes every window whose end is at or before `watermark_ms` (rows of the windows table)
+    /// and forgets the panes no open window needs. Returns how many rows were written.
+    pub fn close_through(&mut self, watermark_ms: i64, out: &mut Rows) -> usize {
+        let mut written = 0;
+        while let Some(&first) = self.panes.keys().next() {
+            let start = self.next_start(first);
+            let end = window_end_ms(start, self.size_ms);
+            if end > watermark_ms {
+                break;
+            }
+            written += self.emit(start, end, out);
+        }
+        self.closed_ms = self.closed_ms.max(watermark_ms);
+        written
+    }
+
+    /// Writes every open window (end of bounded input); returns the latest end written.
+    pub fn close_all(&mut self, out: &mut Rows) -> Option<i64> {
+        let mut last_end = None;
+        while let Some(&first) = self.panes.keys().next() {
+            let start = self.next_start(first);
+            let end = window_end_ms(start, self.size_ms);
+            self.emit(start, end, out);
+            last_end = Some(end);
+        }
+        if let Some(e) = last_end {
+            self.closed_ms = self.closed_ms.max(e);
+        }
+        last_end
+    }
+
+    /// Writes the window `[start, end)` and drops the panes no later window needs.
+    fn emit(&mut self, start: i64, end: i64, out: &mut Rows) -> usize {
+        let mut written = 0;
+        if self.hop_ms == self.size_ms {
+            // Tumbling: the pane is the window; its states move to the output.
+            if let Some(mut map) = self.panes.remove(&start) {
+                self.entries -= map.len();
+                for (key, states) in map.drain() {
+                    write_window(out, start, end, &key, self.nkeys, &states);
+                    written += 1;
+                }
+                if self.spare.len() < 64 {
+                    self.spare.push(map);
+                }
+            }
+        } else {
+            let mut merged: KeyMap<States> = KeyMap::default();
+            for (_, map) in self.panes.range(start..end) {
+                for (key, states) in map {
+                    match merged.get_mut(key) {
+                        Some(m) => merge_states(m, states),
+                        None => {
+                            merged.insert(key.clone(), states.clone());
+                        }
+                    }
+                }
+            }
+            for (key, states) in &merged {
+                write_window(out, start, end, key, self.nkeys, states);
+                written += 1;
+            }
+            // Later windows start at start + hop or after: panes before that are done.
+            while let Some(entry) = self.panes.first_entry() {
+                if *entry.key() > start {
+                    break;
+                }
+                let mut map = entry.remove();
+                self.entries -= map.len();
+                map.clear();
+                if self.spare.len() < 64 {
+                    self.spare.push(map);
+                }
+            }
+        }
+        self.closed_ms = self.closed_ms.max(end);
+        written
+    }
+
+    pub(crate) fn encode(&self, w: &mut Writer<'_>) {
+        w.i64(self.closed_ms);
+        w.u64(self.panes.len() as u64);
+        for (&pane, map) in &self.panes {
+            w.i64(pane);
+            w.u64(map.len() as u64);
+            let mut keys: Vec<&Box<[u8]>> = map.keys().collect();
+            keys.sort();
+            for k in keys {
+                w.bytes(k);
+                encode_states(&map[k], w);
+            }
+        }
+    }
+
+    pub(crate) fn decode(
+        size_ms: i64,
+        hop_ms: i64,
+        nkeys: usize,
+        aggs: &[AggSpec],
+        r: &mut Reader<'_>,
+    ) -> Result<PaneStore, CodecError> {
+        let mut store = PaneStore::new(size_ms, hop_ms, nkeys, r.i64()?);
         for _ in 0..r.count()? {
-            let start = r.i64()?;
-            let key = r.string()?.into_boxed_str();
-            let agg = Aggregate {
-                count: r.i64()?,
-                values: r.i64()?,
-                sum: r.f64()?,
-                compensation: r.f64()?,
-                min: r.f64()?,
-                max: r.f64()?,
-            };
-            store.insert(start, key, agg);
+            let pane = r.i64()?;
+            let mut map = KeyMap::default();
+            for _ in 0..r.count()? {
+                let key: Box<[u8]> = r.bytes()?.into();
+                map.insert(key, decode_states(aggs, r)?);
+            }
+            store.entries += map.len();
+            store.panes.insert(pane, map);
         }
-        r.end()?;
         Ok(store)
     }
 }
@@ -294,7 +290,31 @@ impl WindowStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rows::OwnedCell::{Str, F64, I64};
+    use crate::aggregate::AggSpec;
+    use crate::rows::OwnedCell::{self, Str, F64, I64};
+    use crate::rows::{ColumnType, Rows};
+
+    fn aggs() -> Vec<AggSpec> {
+        ["count(*)", "sum(v)"]
+            .iter()
+            .map(|s| AggSpec::parse(s).unwrap())
+            .collect()
+    }
+
+    fn rows() -> Rows {
+        use ColumnType::*;
+        Rows::new(vec![BigInt, BigInt, Varchar, BigInt, Double])
+    }
+
+    fn add(s: &mut PaneStore, t: i64, key: &str, v: f64) {
+        s.add(t, key.as_bytes(), &[Input::Present, Input::Num(v)], &aggs());
+    }
+
+    fn sorted(out: &Rows) -> Vec<Vec<OwnedCell>> {
+        let mut v = out.to_vec();
+        v.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+        v
+    }
 
     #[test]
     fn window_bounds_floor_also_for_negative_times() {
@@ -309,61 +329,92 @@ mod tests {
     }
 
     #[test]
-    fn aggregates_with_and_without_values() {
-        let mut a = Aggregate::default();
-        a.add(None);
-        assert_eq!(
-            (a.count, a.sum_value(), a.min_value(), a.max_value()),
-            (1, None, None, None)
-        );
-        a.add(Some(3.0));
-        a.add(Some(-1.5));
-        assert_eq!(a.count, 3);
-        assert_eq!(a.sum_value(), Some(1.5));
-        assert_eq!(a.min_value(), Some(-1.5));
-        assert_eq!(a.max_value(), Some(3.0));
-    }
-
-    #[test]
-    fn compensated_sum_does_not_depend_on_order() {
-        let vals: Vec<f64> = (0..1000)
-            .map(|i| ((i * 7919) % 10007) as f64 / 100.0 + 0.01)
-            .collect();
-        let mut fwd = Aggregate::default();
-        vals.iter().for_each(|&v| fwd.add(Some(v)));
-        let mut rev = Aggregate::default();
-        vals.iter().rev().for_each(|&v| rev.add(Some(v)));
-        assert_eq!(fwd.sum_value(), rev.sum_value());
-    }
-
-    #[test]
-    fn closes_in_watermark_order_only_what_the_watermark_passed() {
-        let mut w = WindowStore::new(1000);
-        w.add(0, "a", Some(1.0));
-        w.add(0, "b", Some(2.0));
-        w.add(1000, "a", Some(3.0));
-        w.add(-1000, "a", None);
-        w.add(0, "a", Some(5.0));
+    fn tumbling_closes_in_watermark_order_only_what_the_watermark_passed() {
+        let mut w = PaneStore::new(1000, 1000, 1, i64::MIN);
+        add(&mut w, 100, "a", 1.0);
+        add(&mut w, 200, "b", 2.0);
+        add(&mut w, 1500, "a", 3.0);
+        add(&mut w, -5, "a", 0.5);
+        add(&mut w, 300, "a", 5.0);
         assert_eq!(w.open_windows(), 4);
-        let mut out = Rows::new(default_windows_schema().types());
-        w.close_through(999, &mut out);
-        let rows = out.to_vec();
-        assert_eq!(rows.len(), 1);
-        assert_eq!(rows[0][..4], [I64(-1000), I64(0), Str("a".into()), I64(1)]);
+        let mut out = rows();
+        assert_eq!(w.close_through(999, &mut out), 1);
+        assert_eq!(
+            out.to_vec()[0],
+            vec![I64(-1000), I64(0), Str("a".into()), I64(1), F64(0.5)]
+        );
         out.clear();
-        w.close_through(1000, &mut out);
-        let mut rows = out.to_vec();
-        rows.sort_by(|x, y| format!("{:?}", x[2]).cmp(&format!("{:?}", y[2])));
-        assert_eq!(rows.len(), 2);
-        assert_eq!(rows[0][2..5], [Str("a".into()), I64(2), F64(6.0)]);
-        assert_eq!(w.open_windows(), 1);
+        assert_eq!(w.close_through(1000, &mut out), 2);
+        assert_eq!(
+            sorted(&out)[0],
+            vec![I64(0), I64(1000), Str("a".into()), I64(2), F64(6.0)]
+        );
+        assert_eq!(w.late_window(999, 1000), Err((0, 1000)));
+        assert_eq!(w.late_window(1000, 1000), Ok(()));
         let mut saved = Vec::new();
-        w.encode(&mut saved);
-        let mut back = WindowStore::decode(1000, &saved).unwrap();
+        w.encode(&mut Writer(&mut saved));
+        let mut back =
+            PaneStore::decode(1000, 1000, 1, &aggs(), &mut Reader { b: &saved, i: 0 }).unwrap();
         assert_eq!(back.open_windows(), 1);
         out.clear();
         assert_eq!(back.close_all(&mut out), Some(2000));
         assert_eq!(back.open_windows(), 0);
-        assert!(WindowStore::decode(1000, &saved[..saved.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn hopping_windows_combine_their_panes() {
+        // Windows of 3 s every 1 s: an event at 2.5 s is in [0,3), [1,4) and [2,5).
+        let mut w = PaneStore::new(3000, 1000, 1, i64::MIN);
+        add(&mut w, 2500, "k", 1.0);
+        add(&mut w, 3500, "k", 10.0);
+        let mut out = rows();
+        assert_eq!(w.close_through(4000, &mut out), 2);
+        assert_eq!(
+            sorted(&out),
+            vec![
+                vec![I64(0), I64(3000), Str("k".into()), I64(1), F64(1.0)],
+                vec![I64(1000), I64(4000), Str("k".into()), I64(2), F64(11.0)],
+            ]
+        );
+        // An event at 2.7 s after the watermark passed 4 s still counts in [2,5) (open).
+        assert_eq!(w.late_window(2700, 4000), Ok(()));
+        add(&mut w, 2700, "k", 100.0);
+        // An event at 1.5 s: its last window [1,4) is closed: late.
+        assert_eq!(w.late_window(1500, 4000), Err((1000, 4000)));
+        out.clear();
+        assert_eq!(w.close_all(&mut out), Some(6000));
+        assert_eq!(
+            sorted(&out),
+            vec![
+                vec![I64(2000), I64(5000), Str("k".into()), I64(3), F64(111.0)],
+                vec![I64(3000), I64(6000), Str("k".into()), I64(1), F64(10.0)],
+            ]
+        );
+        assert_eq!(w.open_windows(), 0);
+    }
+
+    #[test]
+    fn hopping_skips_empty_stretches_and_resumes_from_the_checkpoint() {
+        let mut w = PaneStore::new(2000, 1000, 1, i64::MIN);
+        add(&mut w, 0, "a", 1.0);
+        add(&mut w, 1_000_000, "a", 2.0);
+        let mut out = rows();
+        assert_eq!(
+            w.close_through(10_000, &mut out),
+            2,
+            "[-1000,1000) and [0,2000)"
+        );
+        let mut saved = Vec::new();
+        w.encode(&mut Writer(&mut saved));
+        let mut back =
+            PaneStore::decode(2000, 1000, 1, &aggs(), &mut Reader { b: &saved, i: 0 }).unwrap();
+        out.clear();
+        assert_eq!(
+            back.close_through(1_001_000, &mut out),
+            1,
+            "[999000,1001000)"
+        );
+        assert_eq!(back.close_all(&mut out), Some(1_002_000));
+        assert_eq!(out.len(), 2);
     }
 }

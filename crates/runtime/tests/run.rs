@@ -137,16 +137,16 @@ fn config(checkpoint: CheckpointLocation, max_messages: Option<u64>, window_ms: 
             value_field: "payload.value".into(),
             extra: BTreeMap::new(),
         },
-        engine: EngineConfig {
-            time: TimeSpec {
+        engine: EngineConfig::with_defaults(
+            TimeSpec {
                 window_ms,
                 lateness_ms: 100,
                 idle_timeout_ms: None,
             },
-            key_field: path("key"),
-            time_field: path("event_time_ms"),
-            value_field: path("payload.value"),
-        },
+            path("key"),
+            path("event_time_ms"),
+            &path("payload.value"),
+        ),
         tables: Tables {
             windows: "windows".into(),
             late: "late".into(),

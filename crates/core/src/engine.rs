@@ -1,0 +1,424 @@
+//! The event-time engine of one job: decode → per-partition watermark → windows (tumbling,
+//! hopping or session) per key, with late events and bad messages sent to side outputs. Pure
+//! state, fed one message at a time by the pipeline's read loop.
+
+use crate::aggregate::{AggSpec, Input};
+use crate::decode::{Decoder, FieldPath};
+use crate::record::{late_key, KeyColumn, Plan, Reject};
+use crate::rows::{ColumnType, TableSchema};
+use crate::session::SessionStore;
+use crate::source::Message;
+use crate::state::{Batch, CodecError, OutputSchemas, Reader, Writer};
+use crate::watermark::{PartitionClock, Watermarks};
+use crate::window::PaneStore;
+
+/// The most aggregates a job may have (their inputs live on the stack while an event is read).
+pub const MAX_AGGREGATES: usize = 32;
+
+/// Running totals of a run.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    pub events_consumed: u64,
+    pub windows_emitted: u64,
+    pub late_events: u64,
+    pub dead_letters: u64,
+}
+
+/// The event-time settings of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeSpec {
+    /// The window length (the gap, for sessions).
+    pub window_ms: i64,
+    pub lateness_ms: i64,
+    pub idle_timeout_ms: Option<i64>,
+}
+
+/// The kind of windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowKind {
+    Tumbling,
+    /// Windows of `window_ms` starting every `hop_ms` (which divides `window_ms`).
+    Hopping {
+        hop_ms: i64,
+    },
+    /// Per-key sessions; `window_ms` is the gap.
+    Session,
+}
+
+/// Everything the engine of a job is configured with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub time: TimeSpec,
+    pub window: WindowKind,
+    pub time_field: FieldPath,
+    /// The key columns (none: one row per window).
+    pub keys: Vec<KeyColumn>,
+    /// The single default key (`key_field`): falls back to the Kafka message key when absent,
+    /// and is a string or a number, as in version 0.1.
+    pub default_key: bool,
+    pub aggregates: Vec<AggSpec>,
+}
+
+impl EngineConfig {
+    /// A job with the default key and aggregates (SPEC sections 3-5).
+    pub fn with_defaults(
+        time: TimeSpec,
+        key_field: FieldPath,
+        time_field: FieldPath,
+        value_field: &FieldPath,
+    ) -> EngineConfig {
+        EngineConfig {
+            time,
+            window: WindowKind::Tumbling,
+            time_field,
+            keys: vec![KeyColumn {
+                path: key_field,
+                name: "key".into(),
+            }],
+            default_key: true,
+            aggregates: AggSpec::defaults(value_field),
+        }
+    }
+
+    /// The windows table: window bounds, the key columns, the aggregates; keyed by the key
+    /// columns and the window start.
+    pub fn windows_schema(&self) -> TableSchema {
+        let mut cols: Vec<(&str, ColumnType)> = vec![
+            ("window_start_ms", ColumnType::BigInt),
+            ("window_end_ms", ColumnType::BigInt),
+        ];
+        cols.extend(
+            self.keys
+                .iter()
+                .map(|k| (k.name.as_str(), ColumnType::Varchar)),
+        );
+        cols.extend(
+            self.aggregates
+                .iter()
+                .map(|a| (a.name.as_str(), a.func.output_type())),
+        );
+        let mut key: Vec<&str> = self.keys.iter().map(|k| k.name.as_str()).collect();
+        key.push("window_start_ms");
+        TableSchema::new(&cols, &key)
+    }
+
+    /// The output tables of a job with these settings.
+    pub fn schemas(&self) -> OutputSchemas {
+        OutputSchemas::new(self.windows_schema())
+    }
+}
+
+/// Where a job left off: the watermark floor, each partition's progress, the open windows (in
+/// their checkpoint form; None for a new job).
+#[derive(Debug, Default)]
+pub struct Restored {
+    pub floor_ms: i64,
+    pub partitions: Vec<PartitionProgress>,
+    pub open_windows: Option<Vec<u8>>,
+}
+
+/// A partition's position as the engine starts or checkpoints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionProgress {
+    pub partition: i32,
+    pub next_offset: i64,
+    pub clock: PartitionClock,
+}
+
+enum Windows {
+    Panes(PaneStore),
+    Sessions(SessionStore),
+}
+
+/// Version of the open-windows form (1 was version 0.1's tumbling-only form).
+const STATE_FORMAT: u8 = 2;
+
+impl Windows {
+    fn new(cfg: &EngineConfig, floor_ms: i64) -> Windows {
+        let (size, n) = (cfg.time.window_ms, cfg.keys.len());
+        match cfg.window {
+            WindowKind::Tumbling => Windows::Panes(PaneStore::new(size, size, n, floor_ms)),
+            WindowKind::Hopping { hop_ms } => {
+                Windows::Panes(PaneStore::new(size, hop_ms, n, floor_ms))
+            }
+            WindowKind::Session => Windows::Sessions(SessionStore::new(size, n)),
+        }
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        let mut w = Writer(out);
+        w.u8(STATE_FORMAT);
+        match self {
+            Windows::Panes(p) => {
+                w.u8(0);
+                p.encode(&mut w);
+            }
+            Windows::Sessions(s) => {
+                w.u8(1);
+                s.encode(&mut w);
+            }
+        }
+    }
+
+    fn decode(cfg: &EngineConfig, floor_ms: i64, data: &[u8]) -> Result<Windows, CodecError> {
+        let mut r = Reader { b: data, i: 0 };
+        let (size, n, aggs) = (cfg.time.window_ms, cfg.keys.len(), &cfg.aggregates[..]);
+        let windows = match (r.u8()?, r.u8()?, cfg.window) {
+            (STATE_FORMAT, 0, WindowKind::Tumbling) => {
+                Windows::Panes(PaneStore::decode(size, size, n, aggs, &mut r)?)
+            }
+            (STATE_FORMAT, 0, WindowKind::Hopping { hop_ms }) => {
+                Windows::Panes(PaneStore::decode(size, hop_ms, n, aggs, &mut r)?)
+            }
+            (STATE_FORMAT, 1, WindowKind::Session) => {
+                Windows::Sessions(SessionStore::decode(size, n, aggs, &mut r)?)
+            }
+            (1, _, WindowKind::Tumbling) if cfg.default_key => {
+                return crate::state::legacy::decode_windows(cfg, floor_ms, data)
+                    .map(Windows::Panes)
+            }
+            _ => return Err(CodecError("open windows of another kind of job")),
+        };
+        r.end()?;
+        Ok(windows)
+    }
+}
+
+/// The event-time core for one job: pure state, fed one message at a time.
+pub struct Engine {
+    cfg: EngineConfig,
+    /// The `topic` column of late events and dead letters.
+    topic: String,
+    plan: Plan,
+    decoder: Decoder,
+    windows: Windows,
+    marks: Watermarks,
+    partitions: Vec<i32>,
+    next_offsets: Vec<i64>,
+    /// Output since the last checkpoint.
+    out: Batch,
+    counters: Counters,
+    /// Wall clock used as ingest time; refreshed every few thousand messages.
+    now_ms: i64,
+    /// The current event's encoded key, and a late event's key column (reused buffers).
+    key: Vec<u8>,
+    late_key: String,
+}
+
+impl Engine {
+    pub fn new(
+        cfg: &EngineConfig,
+        restored: Restored,
+        now_ms: i64,
+        topic: &str,
+    ) -> Result<Engine, CodecError> {
+        if cfg.aggregates.len() > MAX_AGGREGATES {
+            return Err(CodecError("too many aggregates"));
+        }
+        let plan = Plan::new(&cfg.time_field, &cfg.keys, cfg.default_key, &cfg.aggregates);
+        let windows = match &restored.open_windows {
+            Some(data) => Windows::decode(cfg, restored.floor_ms, data)?,
+            None => Windows::new(cfg, restored.floor_ms),
+        };
+        let partitions = &restored.partitions;
+        Ok(Engine {
+            decoder: Decoder::new(plan.paths().to_vec()),
+            plan,
+            topic: topic.to_string(),
+            windows,
+            marks: Watermarks::new(
+                cfg.time.lateness_ms,
+                cfg.time.idle_timeout_ms,
+                restored.floor_ms,
+                partitions.iter().map(|p| p.clock).collect(),
+            ),
+            partitions: partitions.iter().map(|p| p.partition).collect(),
+            next_offsets: partitions.iter().map(|p| p.next_offset).collect(),
+            out: Batch::new(&cfg.schemas()),
+            counters: Counters::default(),
+            now_ms,
+            key: Vec::new(),
+            late_key: String::new(),
+            cfg: cfg.clone(),
+        })
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    pub fn watermark_ms(&self) -> i64 {
+        self.marks.global_ms()
+    }
+
+    pub fn open_windows(&self) -> usize {
+        match &self.windows {
+            Windows::Panes(p) => p.open_windows(),
+            Windows::Sessions(s) => s.open_windows(),
+        }
+    }
+
+    /// The open windows in their checkpoint form.
+    pub fn encode_open_windows(&self, out: &mut Vec<u8>) {
+        self.windows.encode(out);
+    }
+
+    #[cfg(test)]
+    pub fn output(&self) -> &Batch {
+        &self.out
+    }
+
+    /// Hands over the output gathered since the last call (`into` must have this job's
+    /// schemas; it comes back empty for the next call).
+    pub fn take_output(&mut self, into: &mut Batch) {
+        into.clear();
+        std::mem::swap(into, &mut self.out);
+    }
+
+    /// Late and dead rows waiting in the output (bounds a cycle's memory).
+    pub fn pending_side_rows(&self) -> usize {
+        self.out.late.len() + self.out.dead.len()
+    }
+
+    /// Every partition's position and event-time progress, for a checkpoint.
+    pub fn progress(&self) -> Vec<PartitionProgress> {
+        self.partitions
+            .iter()
+            .zip(&self.next_offsets)
+            .zip(self.marks.clocks())
+            .map(|((&partition, &next_offset), &clock)| PartitionProgress {
+                partition,
+                next_offset,
+                clock,
+            })
+            .collect()
+    }
+
+    pub fn set_now(&mut self, now_ms: i64) {
+        self.now_ms = now_ms;
+        if self.marks.refresh_idle(now_ms) {
+            self.close_windows();
+        }
+    }
+
+    /// Records that the partition at `idx` delivered now (it is not idle).
+    pub fn delivered(&mut self, idx: usize) {
+        if self.marks.delivered(idx, self.now_ms) {
+            self.close_windows();
+        }
+    }
+
+    /// Processes one message of the partition at `idx`.
+    #[inline]
+    pub fn process(&mut self, idx: usize, msg: &Message<'_>) {
+        self.counters.events_consumed += 1;
+        self.next_offsets[idx] = msg.next_offset;
+        let partition = self.partitions[idx];
+        let mut inputs = [Input::Skip; MAX_AGGREGATES];
+        let n = self.cfg.aggregates.len();
+        let fields = match self.decoder.decode(msg.payload) {
+            Ok(f) => f,
+            Err(e) => return self.dead(partition, msg, Reject::Syntax(e)),
+        };
+        let read = self.plan.time(&fields).and_then(|t| {
+            self.plan.key(&fields, msg.key, &mut self.key)?;
+            self.plan.inputs(&fields, &mut inputs[..n])?;
+            Ok(t)
+        });
+        let t = match read {
+            Ok(t) => t,
+            Err(r) => return self.dead(partition, msg, r),
+        };
+        let watermark = self.marks.global_ms();
+        let late = match &mut self.windows {
+            Windows::Panes(p) => p.late_window(t, watermark).map(|()| {
+                p.add(t, &self.key, &inputs[..n], &self.cfg.aggregates);
+            }),
+            Windows::Sessions(s) => {
+                s.add(t, &self.key, &inputs[..n], &self.cfg.aggregates, watermark)
+            }
+        };
+        if let Err((start, end)) = late {
+            self.counters.late_events += 1;
+            let has_key = late_key(&self.key, self.cfg.keys.len(), &mut self.late_key);
+            // Decoding checked the message is UTF-8.
+            let payload = std::str::from_utf8(msg.payload).unwrap_or_default();
+            self.out
+                .late
+                .row()
+                .opt_str(has_key.then_some(self.late_key.as_str()))
+                .i64(t)
+                .i64(self.now_ms)
+                .str(payload)
+                .i64(start)
+                .i64(end)
+                .i64(watermark)
+                .str(&self.topic)
+                .i32(partition)
+                .i64(msg.offset)
+                .finish();
+        }
+        if self.marks.observe(idx, t) {
+            self.close_windows();
+        }
+    }
+
+    /// Records offsets the source can no longer deliver (deleted by retention before the job
+    /// read them), so that they are visible as a dead letter instead of silently skipped.
+    pub fn record_gap(&mut self, idx: usize, from: i64, to: i64) {
+        let error = format!(
+            "messages at offsets {from} to {} were deleted by the broker (retention) before this job read them",
+            to - 1
+        );
+        self.push_dead(self.partitions[idx], from, &[], &error);
+    }
+
+    fn dead(&mut self, partition: i32, msg: &Message<'_>, r: Reject) {
+        let error = self.plan.describe(r);
+        self.push_dead(partition, msg.offset, msg.payload, &error);
+    }
+
+    fn push_dead(&mut self, partition: i32, offset: i64, raw: &[u8], error: &str) {
+        self.counters.dead_letters += 1;
+        self.out
+            .dead
+            .row()
+            .str(&self.topic)
+            .i32(partition)
+            .i64(offset)
+            .i64(self.now_ms)
+            .bytes(raw)
+            .str(error)
+            .finish();
+    }
+
+    fn close_windows(&mut self) {
+        let wm = self.marks.global_ms();
+        let out = &mut self.out.windows;
+        let n = match &mut self.windows {
+            Windows::Panes(p) => p.close_through(wm, out),
+            Windows::Sessions(s) => s.close_through(wm, out),
+        };
+        self.counters.windows_emitted += n as u64;
+    }
+
+    /// Closes every open window (bounded input is over). The watermark moves up to the last
+    /// window end, so that later events for these windows are late, never a second version.
+    pub fn flush(&mut self) {
+        let before = self.out.windows.len();
+        let out = &mut self.out.windows;
+        let last = match &mut self.windows {
+            Windows::Panes(p) => p.close_all(out),
+            Windows::Sessions(s) => s.close_all(out),
+        };
+        if let Some(end) = last {
+            self.marks.raise_to(end);
+        }
+        self.counters.windows_emitted += (self.out.windows.len() - before) as u64;
+    }
+
+    #[inline]
+    pub(crate) fn order_key(&self, idx: usize) -> (i64, usize) {
+        (self.marks.max_event_time_ms(idx).unwrap_or(i64::MIN), idx)
+    }
+}

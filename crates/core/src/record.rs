@@ -1,0 +1,512 @@
+//! What a message means for a job: its event time, its key and each aggregate's input, read from
+//! the decoded fields with the job's rules. A message that breaks them is a dead letter whose
+//! reason names the field and what was expected (`event time field 'ts' is a string, not an
+//! integer`). The job's fields are read in one pass; each path is decoded once however many
+//! roles it has.
+
+use crate::aggregate::{AggFunc, AggSpec, Input};
+use crate::decode::{parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind};
+use crate::hll::hash64;
+
+/// Event times outside years 1..=9999 are rejected: they are almost always unit mistakes
+/// (seconds or microseconds), and inside this range window arithmetic cannot overflow.
+pub const MIN_EVENT_TIME_MS: i64 = -62_135_596_800_000;
+pub const MAX_EVENT_TIME_MS: i64 = 253_402_300_799_999;
+
+/// One column of a job's key: the field it is read from and its name in the windows table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyColumn {
+    pub path: FieldPath,
+    pub name: String,
+}
+
+/// What a field is to the job (for dead-letter reasons).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Key,
+    Time,
+    Value,
+}
+
+impl Role {
+    fn shown(self) -> &'static str {
+        match self {
+            Role::Key => "key",
+            Role::Time => "event time",
+            Role::Value => "value",
+        }
+    }
+}
+
+/// Why a message is a dead letter. Cheap to build; the text is only made for dead letters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reject {
+    Syntax(DecodeError),
+    Missing(Role, usize),
+    Null(Role, usize),
+    WrongType(Role, usize, &'static str),
+    OutOfRange(Role, usize),
+    Duplicate(Role, usize),
+    /// No key field, and the Kafka message key is not UTF-8.
+    KeyNotUtf8,
+}
+
+/// The fields a job reads and what each is for.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    paths: Vec<FieldPath>,
+    time: usize,
+    keys: Vec<usize>,
+    /// The default single key, which falls back to the Kafka message key when absent and is
+    /// a string or a number (never a boolean), as in version 0.1.
+    default_key: bool,
+    /// Per aggregate: its function and input path (None for count(*)).
+    inputs: Vec<(AggFunc, Option<usize>)>,
+}
+
+impl Plan {
+    pub fn new(time: &FieldPath, keys: &[KeyColumn], default_key: bool, aggs: &[AggSpec]) -> Plan {
+        let mut paths: Vec<FieldPath> = Vec::new();
+        let mut index = |p: &FieldPath| match paths.iter().position(|q| q == p) {
+            Some(i) => i,
+            None => {
+                paths.push(p.clone());
+                paths.len() - 1
+            }
+        };
+        let time = index(time);
+        let keys = keys.iter().map(|k| index(&k.path)).collect();
+        let inputs = aggs
+            .iter()
+            .map(|a| (a.func, a.path.as_ref().map(&mut index)))
+            .collect();
+        Plan {
+            paths,
+            time,
+            keys,
+            default_key,
+            inputs,
+        }
+    }
+
+    pub fn paths(&self) -> &[FieldPath] {
+        &self.paths
+    }
+
+    /// The dead-letter reason for a rejection.
+    pub fn describe(&self, r: Reject) -> String {
+        let name = |i: usize| self.paths.get(i).map_or("?", |p| p.as_str());
+        match r {
+            Reject::Syntax(e) => e.describe(),
+            Reject::Missing(role, i) => format!("missing {} field '{}'", role.shown(), name(i)),
+            Reject::Null(role, i) => format!("{} field '{}' is null", role.shown(), name(i)),
+            Reject::WrongType(role, i, why) => {
+                format!("{} field '{}' {}", role.shown(), name(i), why)
+            }
+            Reject::OutOfRange(Role::Time, i) => format!(
+                "event time field '{}' is out of range (must be epoch milliseconds between {} and {})",
+                name(i),
+                MIN_EVENT_TIME_MS,
+                MAX_EVENT_TIME_MS
+            ),
+            Reject::OutOfRange(role, i) => format!(
+                "{} field '{}' is out of range (not a finite double)",
+                role.shown(),
+                name(i)
+            ),
+            Reject::Duplicate(role, i) => format!(
+                "{} field '{}' appears more than once",
+                role.shown(),
+                name(i)
+            ),
+            Reject::KeyNotUtf8 => {
+                "missing key: no key field and the message key is not valid UTF-8".to_string()
+            }
+        }
+    }
+
+    /// The event time, epoch milliseconds.
+    pub fn time(&self, f: &Fields<'_>) -> Result<i64, Reject> {
+        let i = self.time;
+        let v = f.get(i);
+        if v.duplicate {
+            return Err(Reject::Duplicate(Role::Time, i));
+        }
+        let wrong = |why| Err(Reject::WrongType(Role::Time, i, why));
+        match v.kind {
+            Kind::Missing => Err(Reject::Missing(Role::Time, i)),
+            Kind::Null => Err(Reject::Null(Role::Time, i)),
+            Kind::Number if !v.integer => wrong("is not an integer (epoch milliseconds)"),
+            Kind::Number => {
+                let t = parse_i64(v.bytes).ok_or(Reject::OutOfRange(Role::Time, i))?;
+                if (MIN_EVENT_TIME_MS..=MAX_EVENT_TIME_MS).contains(&t) {
+                    Ok(t)
+                } else {
+                    Err(Reject::OutOfRange(Role::Time, i))
+                }
+            }
+            Kind::String => wrong("is a string, not an integer"),
+            Kind::Bool => wrong("is a boolean"),
+            Kind::Object => wrong("is an object"),
+            Kind::Array => wrong("is an array"),
+        }
+    }
+
+    /// The key, encoded into `out` (see [`key_parts`]); `message_key` is the Kafka key.
+    pub fn key(
+        &self,
+        f: &Fields<'_>,
+        message_key: Option<&[u8]>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Reject> {
+        out.clear();
+        let single = self.keys.len() == 1;
+        for &i in &self.keys {
+            let v = f.get(i);
+            if v.duplicate {
+                return Err(Reject::Duplicate(Role::Key, i));
+            }
+            let text: &[u8] = match v.kind {
+                Kind::String | Kind::Number => v.bytes,
+                Kind::Bool if !self.default_key => v.bytes,
+                Kind::Missing if self.default_key => match message_key {
+                    Some(k) if std::str::from_utf8(k).is_ok() => k,
+                    Some(_) => return Err(Reject::KeyNotUtf8),
+                    None => return Err(Reject::Missing(Role::Key, i)),
+                },
+                Kind::Missing => return Err(Reject::Missing(Role::Key, i)),
+                Kind::Null => return Err(Reject::Null(Role::Key, i)),
+                other => return Err(Reject::WrongType(Role::Key, i, wrong_kind(other))),
+            };
+            if !single {
+                out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+            }
+            out.extend_from_slice(text);
+        }
+        Ok(())
+    }
+
+    /// Each aggregate's input, checked, into `out` (a value of the wrong type rejects the
+    /// message before any window sees it).
+    pub fn inputs<'a>(&self, f: &Fields<'a>, out: &mut [Input<'a>]) -> Result<(), Reject> {
+        for (slot, &(func, path)) in out.iter_mut().zip(&self.inputs) {
+            let Some(i) = path else {
+                *slot = Input::Present;
+                continue;
+            };
+            let v = f.get(i);
+            if v.duplicate {
+                return Err(Reject::Duplicate(Role::Value, i));
+            }
+            *slot = input(func, i, &v)?;
+        }
+        Ok(())
+    }
+}
+
+fn wrong_kind(k: Kind) -> &'static str {
+    match k {
+        Kind::Bool => "is a boolean",
+        Kind::Object => "is an object",
+        Kind::Array => "is an array",
+        Kind::String => "is a string, not a number",
+        _ => "has the wrong type",
+    }
+}
+
+fn input<'a>(func: AggFunc, i: usize, v: &Field<'a>) -> Result<Input<'a>, Reject> {
+    if matches!(v.kind, Kind::Missing | Kind::Null) {
+        return Ok(Input::Skip);
+    }
+    if func.numeric() {
+        return match v.kind {
+            Kind::Number => {
+                let x = parse_f64(v.bytes)
+                    .ok_or(Reject::Syntax(DecodeError::NotJson("invalid number")))?;
+                if x.is_finite() {
+                    Ok(Input::Num(x))
+                } else {
+                    Err(Reject::OutOfRange(Role::Value, i))
+                }
+            }
+            other => Err(Reject::WrongType(Role::Value, i, wrong_kind(other))),
+        };
+    }
+    Ok(match func {
+        AggFunc::ApproxCountDistinct => Input::Hash(hash64(v.bytes)),
+        AggFunc::First | AggFunc::Last => {
+            Input::Text(v.text().ok_or(Reject::Syntax(DecodeError::InvalidUtf8))?)
+        }
+        _ => Input::Present,
+    })
+}
+
+/// The key columns' values of an encoded key (`n` columns).
+pub fn key_parts(key: &[u8], n: usize) -> impl Iterator<Item = &str> {
+    let mut rest = key;
+    let mut left = n;
+    std::iter::from_fn(move || {
+        if left == 0 {
+            return None;
+        }
+        left -= 1;
+        let part = if n == 1 {
+            std::mem::take(&mut rest)
+        } else {
+            let len = rest
+                .get(..4)
+                .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+                .min(rest.len().saturating_sub(4));
+            let p = &rest[4.min(rest.len())..4.min(rest.len()) + len];
+            rest = &rest[(4 + len).min(rest.len())..];
+            p
+        };
+        Some(std::str::from_utf8(part).unwrap_or_default())
+    })
+}
+
+/// The `key` column of a late event: the key itself for one key column, a JSON array of the
+/// values for several, NULL for none.
+pub fn late_key(key: &[u8], n: usize, out: &mut String) -> bool {
+    out.clear();
+    match n {
+        0 => false,
+        1 => {
+            out.push_str(std::str::from_utf8(key).unwrap_or_default());
+            true
+        }
+        _ => {
+            out.push('[');
+            for (i, part) in key_parts(key, n).enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                json_string(part, out);
+            }
+            out.push(']');
+            true
+        }
+    }
+}
+
+fn json_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::Decoder;
+
+    fn plan() -> Plan {
+        let p = |s: &str| FieldPath::parse(s).unwrap();
+        Plan::new(
+            &p("event_time_ms"),
+            &[KeyColumn {
+                path: p("key"),
+                name: "key".into(),
+            }],
+            true,
+            &AggSpec::defaults(&p("payload.value")),
+        )
+    }
+
+    /// (key, time, value) or the dead-letter reason.
+    fn read(line: &[u8]) -> Result<(String, i64, Option<f64>), String> {
+        let plan = plan();
+        let mut d = Decoder::new(plan.paths().to_vec());
+        let f = d
+            .decode(line)
+            .map_err(|e| plan.describe(Reject::Syntax(e)))?;
+        let t = plan.time(&f).map_err(|e| plan.describe(e))?;
+        let mut key = Vec::new();
+        plan.key(&f, None, &mut key).map_err(|e| plan.describe(e))?;
+        let mut inputs = [Input::Skip; 4];
+        plan.inputs(&f, &mut inputs).map_err(|e| plan.describe(e))?;
+        let v = match inputs[1] {
+            Input::Num(x) => Some(x),
+            _ => None,
+        };
+        Ok((String::from_utf8(key).unwrap(), t, v))
+    }
+
+    fn err(line: &[u8]) -> String {
+        read(line).unwrap_err()
+    }
+
+    #[test]
+    fn reads_the_predecessor_format() {
+        assert_eq!(
+            read(br#"{"key":"k1","event_time_ms":1700000000123,"payload":{"value":42.5}}"#),
+            Ok(("k1".into(), 1_700_000_000_123, Some(42.5)))
+        );
+    }
+
+    #[test]
+    fn fields_in_any_order_with_other_members_and_whitespace() {
+        assert_eq!(
+            read(b" { \"x\": [1, {\"key\": \"no\"}], \"payload\" : {\"a\":null, \"value\" : -1e2 } ,\r\n \"event_time_ms\" : -5, \"key\" : \"a\\\"b\" } "),
+            Ok(("a\"b".into(), -5, Some(-100.0)))
+        );
+    }
+
+    #[test]
+    fn missing_or_null_value_is_not_an_error() {
+        assert_eq!(read(br#"{"key":"a","event_time_ms":1}"#).unwrap().2, None);
+        assert_eq!(
+            read(br#"{"key":"a","event_time_ms":1,"payload":{"value":null}}"#)
+                .unwrap()
+                .2,
+            None
+        );
+        assert_eq!(
+            read(br#"{"key":"a","event_time_ms":1,"payload":7}"#)
+                .unwrap()
+                .2,
+            None
+        );
+    }
+
+    #[test]
+    fn numeric_keys_keep_their_text_and_escapes_are_undone() {
+        assert_eq!(read(br#"{"key":42,"event_time_ms":1}"#).unwrap().0, "42");
+        assert_eq!(
+            read(br#"{"key":"\u00e9\ud83d\ude00","event_time_ms":1}"#)
+                .unwrap()
+                .0,
+            "é😀"
+        );
+        assert_eq!(
+            read(br#"{"k\u0065y":"x","event_time_ms":1}"#).unwrap().0,
+            "x"
+        );
+    }
+
+    #[test]
+    fn rejections_name_the_reason_and_field() {
+        assert_eq!(err(b""), "empty message");
+        assert_eq!(err(b"   "), "empty message");
+        assert_eq!(err(b"not json"), "not JSON: expected a value");
+        assert_eq!(err(b"[1,2]"), "not a JSON object");
+        assert_eq!(
+            err(b"{\"key\":\"a\""),
+            "not JSON: unexpected end of message"
+        );
+        assert_eq!(
+            err(b"{\"key\":\"a\",\"event_time_ms\":1} x"),
+            "not JSON: unexpected characters after the JSON object"
+        );
+        assert_eq!(
+            err(b"{\"key\":\"\xff\",\"event_time_ms\":1}"),
+            "not JSON: invalid UTF-8"
+        );
+        assert_eq!(
+            err(br#"{"key":"a"}"#),
+            "missing event time field 'event_time_ms'"
+        );
+        assert_eq!(err(br#"{"event_time_ms":1}"#), "missing key field 'key'");
+        assert_eq!(
+            err(br#"{"key":null,"event_time_ms":1}"#),
+            "key field 'key' is null"
+        );
+        assert_eq!(
+            err(br#"{"key":"a","event_time_ms":"1"}"#),
+            "event time field 'event_time_ms' is a string, not an integer"
+        );
+        assert_eq!(
+            err(br#"{"key":"a","event_time_ms":1.5}"#),
+            "event time field 'event_time_ms' is not an integer (epoch milliseconds)"
+        );
+        assert_eq!(
+            err(br#"{"key":"a","event_time_ms":1e3}"#),
+            "event time field 'event_time_ms' is not an integer (epoch milliseconds)"
+        );
+        assert!(err(br#"{"key":"a","event_time_ms":99999999999999999999}"#)
+            .starts_with("event time field 'event_time_ms' is out of range"));
+        assert!(err(br#"{"key":"a","event_time_ms":253402300800000}"#).contains("out of range"));
+        assert_eq!(
+            err(br#"{"key":"a","event_time_ms":1,"payload":{"value":"x"}}"#),
+            "value field 'payload.value' is a string, not a number"
+        );
+        assert_eq!(
+            err(br#"{"key":"a","event_time_ms":1,"payload":{"value":true}}"#),
+            "value field 'payload.value' is a boolean"
+        );
+        assert_eq!(
+            err(br#"{"key":"a","event_time_ms":1,"payload":{"value":1e999}}"#),
+            "value field 'payload.value' is out of range (not a finite double)"
+        );
+        assert_eq!(
+            err(br#"{"key":{"a":1},"event_time_ms":1}"#),
+            "key field 'key' is an object"
+        );
+        assert_eq!(
+            err(br#"{"key":true,"event_time_ms":1}"#),
+            "key field 'key' is a boolean"
+        );
+        assert_eq!(
+            err(br#"{"key":"a","key":"b","event_time_ms":1}"#),
+            "key field 'key' appears more than once"
+        );
+        assert_eq!(
+            err(br#"{"key":"a","event_time_ms":NaN}"#),
+            "not JSON: expected a value"
+        );
+        assert_eq!(
+            err(br#"{"key":"a","event_time_ms":01}"#),
+            "not JSON: expected ',' or '}' in an object"
+        );
+        assert_eq!(
+            err(b"{\"key\":\"a\tb\",\"event_time_ms\":1}"),
+            "not JSON: unescaped control character in a string"
+        );
+    }
+
+    #[test]
+    fn composite_keys_and_late_key_text() {
+        let p = |s: &str| FieldPath::parse(s).unwrap();
+        let keys = [
+            KeyColumn {
+                path: p("region"),
+                name: "region".into(),
+            },
+            KeyColumn {
+                path: p("item.sku"),
+                name: "sku".into(),
+            },
+            KeyColumn {
+                path: p("vip"),
+                name: "vip".into(),
+            },
+        ];
+        let plan = Plan::new(&p("ts"), &keys, false, &[]);
+        let mut d = Decoder::new(plan.paths().to_vec());
+        let f = d
+            .decode(br#"{"ts":1,"region":"eu","item":{"sku":"A\"1"},"vip":true}"#)
+            .unwrap();
+        let mut key = Vec::new();
+        plan.key(&f, None, &mut key).unwrap();
+        assert_eq!(
+            key_parts(&key, 3).collect::<Vec<_>>(),
+            vec!["eu", "A\"1", "true"]
+        );
+        let mut late = String::new();
+        assert!(late_key(&key, 3, &mut late));
+        assert_eq!(late, r#"["eu","A\"1","true"]"#);
+        let f = d.decode(br#"{"ts":1,"region":"eu","vip":1}"#).unwrap();
+        assert_eq!(
+            plan.describe(plan.key(&f, None, &mut key).unwrap_err()),
+            "missing key field 'item.sku'"
+        );
+        assert!(!late_key(b"", 0, &mut late));
+    }
+}
