@@ -2,8 +2,11 @@
 //! output through the extension's own connection, in one transaction, idempotently: rows are
 //! upserted by each table's primary key (windows by key and window start, late events and dead
 //! letters by topic, partition and offset), so applying a batch again after a crash changes
-//! nothing. Rows go through the `duckdb` Appender into a staging table and one
-//! `INSERT OR REPLACE ... SELECT` per table: batched, no SQL text per row.
+//! nothing. A batch applied for the first time is appended straight into the tables with the
+//! `duckdb` Appender (its rows cannot exist yet); a batch applied again (the outbox after a
+//! crash), or one whose append hits rows that exist (a job restarted from scratch over its old
+//! tables), goes through a staging table and one `INSERT OR REPLACE ... SELECT` per table.
+//! Batched either way: no SQL text per row.
 
 use duckdb::types::{ToSqlOutput, ValueRef};
 use duckdb::{appender_params_from_iter, Connection, ToSql};
@@ -13,7 +16,7 @@ use streaming_etl_core::state::OutputSchemas;
 use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
 
 use crate::host::PooledConn;
-use crate::params::quote_ident;
+use crate::params::{quote_ident, TableName};
 
 const STAGE: &str = "streaming_etl_stage";
 
@@ -107,6 +110,28 @@ fn ensure_table(conn: &Connection, table: &str, schema: &TableSchema) -> Result<
     Ok(())
 }
 
+/// Appends `rows` to `table` (its columns named, so a table with more columns works).
+fn append(conn: &Connection, table: &str, schema: &TableSchema, rows: &Rows) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let err = |e: duckdb::Error| sink_error(table, e);
+    let name = TableName::parse(table)
+        .ok_or_else(|| EtlError::Internal(format!("unreadable table name {table}")))?;
+    let cols: Vec<&str> = schema.columns.iter().map(|c| c.name.as_str()).collect();
+    let mut app = match name.parts.as_slice() {
+        [t] => conn.appender_with_columns(t, &cols),
+        [s, t] => conn.appender_with_columns_to_db(t, s, &cols),
+        [c, s, t] => conn.appender_with_columns_to_catalog_and_db(t, c, s, &cols),
+        _ => return Err(EtlError::Internal(format!("bad table name {table}"))),
+    }
+    .map_err(err)?;
+    rows.each(|cells| app.append_row(appender_params_from_iter(cells.iter().map(|c| SqlCell(*c)))))
+        .map_err(|e| EtlError::Internal(e.to_string()))?
+        .map_err(err)?;
+    app.flush().map_err(err)
+}
+
 /// Upserts `rows` into `table`: appended to a staging table, then one INSERT OR REPLACE.
 fn upsert(conn: &Connection, table: &str, schema: &TableSchema, rows: &Rows) -> Result<()> {
     if rows.is_empty() {
@@ -142,6 +167,33 @@ fn upsert(conn: &Connection, table: &str, schema: &TableSchema, rows: &Rows) -> 
     .map_err(err)
 }
 
+type Writer = fn(&Connection, &str, &TableSchema, &Rows) -> Result<()>;
+
+/// Writes the batch's three tables in one transaction.
+fn write_batch(conn: &Connection, out: &Output<'_>, write: Writer) -> Result<()> {
+    conn.execute_batch("BEGIN TRANSACTION")
+        .map_err(|e| EtlError::Duck(e.to_string()))?;
+    let result = (|| {
+        write(
+            conn,
+            &out.tables.windows,
+            &out.schemas.windows,
+            &out.batch.windows,
+        )?;
+        write(conn, &out.tables.late, &out.schemas.late, &out.batch.late)?;
+        write(conn, &out.tables.dead, &out.schemas.dead, &out.batch.dead)?;
+        streaming_etl_runtime::fault::crash_point("sink-before-commit");
+        conn.execute_batch("COMMIT")
+            .map_err(|e| sink_error(&out.tables.windows, e))
+    })();
+    if result.is_err() {
+        // A failed statement leaves the transaction aborted; the connection must be reset
+        // before it can be used again.
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    result
+}
+
 impl OutputSink for DuckSink {
     fn prepare(&mut self, tables: &Tables, schemas: &OutputSchemas) -> Result<()> {
         let conn = self.conn.conn()?;
@@ -160,26 +212,9 @@ impl OutputSink for DuckSink {
             return Ok(());
         }
         let conn = self.conn.conn()?;
-        conn.execute_batch("BEGIN TRANSACTION")
-            .map_err(|e| EtlError::Duck(e.to_string()))?;
-        let result = (|| {
-            upsert(
-                conn,
-                &out.tables.windows,
-                &out.schemas.windows,
-                &out.batch.windows,
-            )?;
-            upsert(conn, &out.tables.late, &out.schemas.late, &out.batch.late)?;
-            upsert(conn, &out.tables.dead, &out.schemas.dead, &out.batch.dead)?;
-            streaming_etl_runtime::fault::crash_point("sink-before-commit");
-            conn.execute_batch("COMMIT")
-                .map_err(|e| sink_error(&out.tables.windows, e))
-        })();
-        if result.is_err() {
-            // A failed statement leaves the transaction aborted; the connection must be reset
-            // before it can be used again.
-            let _ = conn.execute_batch("ROLLBACK");
+        if !out.replay && write_batch(conn, out, append).is_ok() {
+            return Ok(());
         }
-        result
+        write_batch(conn, out, upsert)
     }
 }

@@ -86,6 +86,23 @@ def generate_sql(con, directory, events, partitions=4, keys=50, late_pct=5.0, ba
     return paths
 
 
+ORDERS_TEMPLATE = os.path.join(os.path.dirname(SQL_TEMPLATE), "generate_orders.sql")
+
+
+def generate_orders(con, directory, events, partitions=4, seed=42, base_ms=BASE_MS):
+    """An order stream with composite keys and bursty customers (sql/generate_orders.sql)."""
+    from string import Template
+    os.makedirs(directory, exist_ok=True)
+    with open(ORDERS_TEMPLATE) as f:
+        template = Template(f.read())
+    paths = []
+    for p in range(partitions):
+        path = os.path.join(str(directory), f"part-{p}.ndjson")
+        con.execute(template.substitute(partitions=partitions, base_ms=base_ms, seed=seed, p=p, events=events, path=path))
+        paths.append(path)
+    return paths
+
+
 def scan(paths):
     """Counts the lines of generated files and finds the malformed ones: (events, {(partition, offset)})."""
     events, bad = 0, set()

@@ -125,6 +125,7 @@ pub struct Field<'a> {
 
 impl<'a> Field<'a> {
     /// The value as text (it is UTF-8: the message was checked while decoding).
+    #[inline]
     pub fn text(&self) -> Option<&'a str> {
         std::str::from_utf8(self.bytes).ok()
     }
@@ -670,6 +671,7 @@ fn special_byte(w: u64) -> bool {
 }
 
 /// Parses a JSON integer literal; `None` when it does not fit in an i64.
+#[inline]
 pub fn parse_i64(text: &[u8]) -> Option<i64> {
     let (neg, digits) = match text.split_first() {
         Some((b'-', rest)) => (true, rest),
@@ -703,6 +705,7 @@ const POW10: [f64; 23] = [
 
 /// Parses a validated JSON number. Short decimals (at most 15 digits, no exponent) take the
 /// exact fast path: an integer below 2^53 divided by an exact power of ten is correctly rounded.
+#[inline]
 pub fn parse_f64(text: &[u8]) -> Option<f64> {
     let (neg, body) = match text.split_first() {
         Some((b'-', rest)) => (true, rest),

@@ -60,8 +60,20 @@ pub struct Plan {
     /// The default single key, which falls back to the Kafka message key when absent and is
     /// a string or a number (never a boolean), as in version 0.1.
     default_key: bool,
-    /// Per aggregate: its function and input path (None for count(*)).
-    inputs: Vec<(AggFunc, Option<usize>)>,
+    /// Per aggregate: its function, input path (None for count(*)), and an earlier aggregate
+    /// that reads the same path the same way (its input is copied, not read again: sum, min and
+    /// max of one field parse the number once).
+    inputs: Vec<(AggFunc, Option<usize>, Option<usize>)>,
+}
+
+/// How an aggregate reads its input (aggregates that read a path the same way share it).
+fn input_class(f: AggFunc) -> u8 {
+    match f {
+        AggFunc::Sum | AggFunc::Avg | AggFunc::Min | AggFunc::Max => 0,
+        AggFunc::ApproxCountDistinct => 1,
+        AggFunc::First | AggFunc::Last => 2,
+        AggFunc::Count | AggFunc::CountStar => 3,
+    }
 }
 
 impl Plan {
@@ -76,10 +88,16 @@ impl Plan {
         };
         let time = index(time);
         let keys = keys.iter().map(|k| index(&k.path)).collect();
-        let inputs = aggs
-            .iter()
-            .map(|a| (a.func, a.path.as_ref().map(&mut index)))
-            .collect();
+        let mut inputs: Vec<(AggFunc, Option<usize>, Option<usize>)> = Vec::new();
+        for a in aggs {
+            let path = a.path.as_ref().map(&mut index);
+            let same = path.and_then(|p| {
+                inputs
+                    .iter()
+                    .position(|&(f, q, _)| q == Some(p) && input_class(f) == input_class(a.func))
+            });
+            inputs.push((a.func, path, same));
+        }
         Plan {
             paths,
             time,
@@ -126,6 +144,7 @@ impl Plan {
     }
 
     /// The event time, epoch milliseconds.
+    #[inline]
     pub fn time(&self, f: &Fields<'_>) -> Result<i64, Reject> {
         let i = self.time;
         let v = f.get(i);
@@ -153,6 +172,7 @@ impl Plan {
     }
 
     /// The key, encoded into `out` (see [`key_parts`]); `message_key` is the Kafka key.
+    #[inline]
     pub fn key(
         &self,
         f: &Fields<'_>,
@@ -188,17 +208,23 @@ impl Plan {
 
     /// Each aggregate's input, checked, into `out` (a value of the wrong type rejects the
     /// message before any window sees it).
+    #[inline]
     pub fn inputs<'a>(&self, f: &Fields<'a>, out: &mut [Input<'a>]) -> Result<(), Reject> {
-        for (slot, &(func, path)) in out.iter_mut().zip(&self.inputs) {
+        for k in 0..self.inputs.len().min(out.len()) {
+            let (func, path, same) = self.inputs[k];
             let Some(i) = path else {
-                *slot = Input::Present;
+                out[k] = Input::Present;
                 continue;
             };
+            if let Some(j) = same {
+                out[k] = out[j];
+                continue;
+            }
             let v = f.get(i);
             if v.duplicate {
                 return Err(Reject::Duplicate(Role::Value, i));
             }
-            *slot = input(func, i, &v)?;
+            out[k] = input(func, i, &v)?;
         }
         Ok(())
     }
@@ -214,6 +240,7 @@ fn wrong_kind(k: Kind) -> &'static str {
     }
 }
 
+#[inline]
 fn input<'a>(func: AggFunc, i: usize, v: &Field<'a>) -> Result<Input<'a>, Reject> {
     if matches!(v.kind, Kind::Missing | Kind::Null) {
         return Ok(Input::Skip);
