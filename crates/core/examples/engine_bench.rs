@@ -1,7 +1,7 @@
 //! The event-time core alone (file source → decode → watermarks → windows), without DuckDB or
 //! SQLite: how fast the hot path is, for profiling (`perf record target/release/examples/engine_bench`).
 //!
-//! usage: engine_bench <glob> [window_ms] [lateness_ms]
+//! usage: engine_bench <glob> [window_ms] [lateness_ms] [hop_ms]
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -23,6 +23,7 @@ fn main() {
     };
     let window_ms = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000);
     let lateness_ms = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(200);
+    let hop_ms: Option<i64> = args.get(4).and_then(|a| a.parse().ok());
     let mut source = match FileSource::open("bench", glob, &[], &HashMap::new(), None) {
         Ok(s) => s,
         Err(e) => {
@@ -31,7 +32,7 @@ fn main() {
         }
     };
     let field = |s: &str| FieldPath::parse(s).unwrap_or_else(|| std::process::exit(2));
-    let cfg = EngineConfig::with_defaults(
+    let mut cfg = EngineConfig::with_defaults(
         TimeSpec {
             window_ms,
             lateness_ms,
@@ -41,6 +42,9 @@ fn main() {
         field("event_time_ms"),
         &field("payload.value"),
     );
+    if let Some(h) = hop_ms.filter(|&h| h < window_ms) {
+        cfg.window = streaming_etl_core::engine::WindowKind::Hopping { hop_ms: h };
+    }
     let partitions = source
         .partitions()
         .iter()

@@ -93,6 +93,10 @@ pub struct PaneStore {
     closed_ms: i64,
     /// Emptied maps kept for reuse, so a new pane does not allocate a table.
     spare: Vec<KeyMap<States>>,
+    /// Hopping: the per-key combination of the window being written, stamped with the
+    /// window's number (see `emit`).
+    scratch: KeyMap<(u64, States)>,
+    generation: u64,
 }
 
 impl PaneStore {
@@ -105,6 +109,8 @@ impl PaneStore {
             entries: 0,
             closed_ms,
             spare: Vec::new(),
+            scratch: KeyMap::default(),
+            generation: 0,
         }
     }
 
@@ -218,20 +224,34 @@ impl PaneStore {
                 }
             }
         } else {
-            let mut merged: KeyMap<States> = KeyMap::default();
+            // Combine the window's panes per key. The scratch map outlives one window: an entry
+            // stamped with an older window is overwritten in place (no new key or state
+            // allocation per window), and entries of keys gone quiet are dropped now and then.
+            self.generation += 1;
+            let generation = self.generation;
+            let merged = &mut self.scratch;
             for (_, map) in self.panes.range(start..end) {
                 for (key, states) in map {
                     match merged.get_mut(key) {
-                        Some(m) => merge_states(m, states),
+                        Some((g, m)) if *g == generation => merge_states(m, states),
+                        Some((g, m)) => {
+                            *g = generation;
+                            m.clone_from(states);
+                        }
                         None => {
-                            merged.insert(key.clone(), states.clone());
+                            merged.insert(key.clone(), (generation, states.clone()));
                         }
                     }
                 }
             }
-            for (key, states) in &merged {
-                write_window(out, start, end, key, self.nkeys, states);
-                written += 1;
+            for (key, (g, states)) in merged.iter() {
+                if *g == generation {
+                    write_window(out, start, end, key, self.nkeys, states);
+                    written += 1;
+                }
+            }
+            if merged.len() > 2 * written + 64 {
+                merged.retain(|_, (g, _)| *g == generation);
             }
             // Later windows start at start + hop or after: panes before that are done.
             while let Some(entry) = self.panes.first_entry() {
