@@ -253,6 +253,40 @@ def window_jobs(events):
     return results
 
 
+def time_format_jobs(events):
+    """The same events with integer epoch-ms times and with ISO 8601 text times (issue 13's goal:
+    ISO at >= 0.8x the integer throughput)."""
+    import duckdb
+    from datagen import generate_sql
+
+    results = []
+    base = None
+    for iso in (False, True):
+        d = os.path.join(OUT, "data", f"times-{'iso' if iso else 'int'}-{events}")
+        if not os.path.exists(os.path.join(d, "done")):
+            shutil.rmtree(d, ignore_errors=True)
+            generate_sql(duckdb.connect(), d, events, partitions=4, keys=50, late_pct=5, iso_times=iso)
+            open(os.path.join(d, "done"), "w").close()
+        named = {"time_format": "'iso8601'"} if iso else {}
+        best = None
+        for _ in range(2):
+            db = os.path.join(OUT, "times.duckdb")
+            for p in (db, db + ".wal", db + ".streaming_etl.sqlite"):
+                if os.path.exists(p):
+                    os.remove(p)
+            run, rss = spawn_measured(["--child-run", db, f"file:{d}/*.ndjson", json.dumps(named)])
+            if best is None or run["wall_s"] < best["wall_s"]:
+                best = run
+        rate = best["stats"]["events_consumed"] / best["wall_s"]
+        base = base or rate
+        r = {"scenario": "ISO 8601 text times" if iso else "integer epoch-ms times", "events": best["stats"]["events_consumed"],
+             "events_per_sec": round(rate), "ratio_to_integer": round(rate / base, 3),
+             "late_events": best["stats"]["late_events"], "dead_letters": best["stats"]["dead_letters"]}
+        print(json.dumps(r), flush=True)
+        results.append(r)
+    return results
+
+
 def markdown_table(results):
     """The README's table."""
     lines = ["| scenario | events | events/s | comparison | ours / it | late injected / observed | false late | watermark lag ms | peak RSS MB | DB KB | s |",
@@ -292,8 +326,11 @@ def main():
     jobs = []
     if not only or only == "window-jobs":
         jobs = window_jobs(500_000 if quick else 2_000_000)
+    times = []
+    if not only or only == "time-formats":
+        times = time_format_jobs(500_000 if quick else 2_000_000)
     meta = {"machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-            "date": time.strftime("%Y-%m-%d"), "results": results, "window_jobs": jobs}
+            "date": time.strftime("%Y-%m-%d"), "results": results, "window_jobs": jobs, "time_formats": times}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(meta, f, indent=1)
     print()
@@ -304,6 +341,12 @@ def main():
         print("|---|---|---|---|---|")
         for r in jobs:
             print(f"| {r['scenario']} | {r['events_per_sec']:,} | {r['ratio_to_tumbling']} | {r['window_rows']:,} | {r['peak_rss_mb']} |")
+    if times:
+        print()
+        print("| event times (files, same events) | events/s | vs integer | late | dead |")
+        print("|---|---|---|---|---|")
+        for r in times:
+            print(f"| {r['scenario']} | {r['events_per_sec']:,} | {r['ratio_to_integer']} | {r['late_events']:,} | {r['dead_letters']} |")
     print()
     print(f"{'scenario':20} {'events':>10} {'ev/s':>10} {'vs batch':>9} {'vs raw':>7} {'false late':>10} {'recovery':>8} {'rss MB':>7}")
     for r in results:

@@ -11,6 +11,7 @@ use streaming_etl_core::engine::{EngineConfig, TimeSpec, WindowKind, MAX_AGGREGA
 use streaming_etl_core::error::{EtlError, Result};
 use streaming_etl_core::record::KeyColumn;
 use streaming_etl_core::state::JobSettings;
+use streaming_etl_core::time::{TimeFormat, Zone};
 use streaming_etl_runtime::config::{CheckpointLocation, JobConfig};
 use streaming_etl_runtime::sink::Tables;
 
@@ -77,6 +78,11 @@ pub enum P {
     HopMs,
     GroupBy,
     Aggregates,
+    TimeFormat,
+    TimeZone,
+    KafkaTimestamp,
+    NumericStrings,
+    MaxFutureMs,
     KeyField,
     TimeField,
     ValueField,
@@ -154,6 +160,10 @@ pub const RUN_PARAMS: &[Param] = &[
     param(P::KeyField, "key_field", ParamType::Varchar, "`key`", "dotted path of the key (string or number; Kafka: the message key when absent)"),
     param(P::TimeField, "time_field", ParamType::Varchar, "`event_time_ms`", "dotted path of the event time, integer epoch milliseconds"),
     param(P::ValueField, "value_field", ParamType::Varchar, "`payload.value`", "dotted path of the number aggregated (missing or null: counted only)"),
+    param(P::TimeFormat, "time_format", ParamType::Varchar, "integer `epoch_ms`", "`epoch_ms`, `epoch_s`, `epoch_us`, `epoch_ns` (fractions truncated to ms) or `iso8601`"),
+    param(P::TimeZone, "time_zone", ParamType::Varchar, "none", "`iso8601` only: the zone of times written without `Z` or an offset (`UTC` or an IANA name); without it they are dead letters"),
+    param(P::NumericStrings, "numeric_strings", ParamType::Boolean, "false", "a value given as a decimal string (`\"19.90\"`) counts as that number"),
+    param(P::MaxFutureMs, "max_future_ms", ParamType::BigInt, "none", "an event whose time is more than this far ahead of the wall clock is a dead letter"),
     param(P::WindowsTable, "windows_table", ParamType::Varchar, "`windows`", "output table of closed windows (`schema.table`, `catalog.schema.table`, quoted names allowed)"),
     param(P::LateTable, "late_table", ParamType::Varchar, "`late_events`", "output table of late events"),
     param(P::DeadLetterTable, "dead_letter_table", ParamType::Varchar, "`dead_letters`", "output table of rejected messages"),
@@ -167,6 +177,7 @@ pub const RUN_PARAMS: &[Param] = &[
     kafka(P::Brokers, "brokers", ParamType::Varchar, "the setting", "Kafka only: bootstrap servers"),
     kafka(P::GroupId, "group_id", ParamType::Varchar, "`streaming_etl-<job>`", "Kafka only: consumer group the offsets are committed to"),
     kafka(P::Kafka, "kafka", ParamType::VarcharMap, "none", "Kafka only: librdkafka properties, passed through (security, tuning)"),
+    kafka(P::KafkaTimestamp, "kafka_timestamp", ParamType::Boolean, "false", "Kafka only: the record's own timestamp is the event time (no time field is read)"),
     kafka(P::TimeoutMs, "timeout_ms", ParamType::BigInt, "15000", "Kafka only: bound on reaching the brokers and on waiting for a partition"),
 ];
 
@@ -539,6 +550,73 @@ fn parse_window(given: &Given<'_>, window_ms: i64) -> Result<WindowKind> {
     }
 }
 
+/// The directory of the system's IANA zone database.
+fn zone_dir() -> String {
+    std::env::var("TZDIR").unwrap_or_else(|_| "/usr/share/zoneinfo".to_string())
+}
+
+/// `time_format`, `time_zone` and `kafka_timestamp`.
+fn parse_time(given: &Given<'_>) -> Result<(TimeFormat, Option<Zone>, bool)> {
+    let kafka_ts = given.boolean(P::KafkaTimestamp)?.unwrap_or(false);
+    let format = match given.text(P::TimeFormat)? {
+        None => TimeFormat::EpochMsInteger,
+        Some(f) => TimeFormat::parse(&f).ok_or_else(|| {
+            EtlError::invalid(
+                given.name(P::TimeFormat),
+                "must be 'epoch_ms', 'epoch_s', 'epoch_us', 'epoch_ns' or 'iso8601'",
+                format!("'{f}'"),
+            )
+        })?,
+    };
+    if kafka_ts {
+        for p in [P::TimeField, P::TimeFormat, P::TimeZone] {
+            if let Some(a) = given.get(p) {
+                return Err(EtlError::invalid(
+                    given.name(p),
+                    "does not apply with kafka_timestamp := true (the record's timestamp is the event time)",
+                    shown(a),
+                ));
+            }
+        }
+    }
+    let zone = match given.text(P::TimeZone)? {
+        None => None,
+        Some(_) if format != TimeFormat::Iso8601 => {
+            return Err(EtlError::invalid(
+                given.name(P::TimeZone),
+                "applies to time_format := 'iso8601' (epoch numbers have no zone)",
+                shown(given.get(P::TimeZone).unwrap_or(&Arg::Null)),
+            ))
+        }
+        Some(z) if z.eq_ignore_ascii_case("UTC") => Some(Zone::utc()),
+        Some(z) => {
+            let unknown = || {
+                EtlError::invalid(
+                    given.name(P::TimeZone),
+                    "is not a time zone: UTC or an IANA name such as Europe/Berlin",
+                    format!("'{z}'"),
+                )
+            };
+            // Only names of the zone database: no path of the user's choosing is read.
+            let valid = !z.is_empty()
+                && z.split('/').all(|seg| {
+                    !seg.is_empty()
+                        && seg != "."
+                        && seg != ".."
+                        && seg
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "_+-".contains(c))
+                });
+            if !valid {
+                return Err(unknown());
+            }
+            let data = std::fs::read(format!("{}/{z}", zone_dir())).map_err(|_| unknown())?;
+            Some(Zone::from_tzif(&z, &data).map_err(|_| unknown())?)
+        }
+    };
+    Ok((format, zone, kafka_ts))
+}
+
 /// `path [AS name]` of `group_by`.
 fn parse_key_column(item: &str) -> std::result::Result<KeyColumn, String> {
     let (expr, alias) = split_alias(item)?;
@@ -790,6 +868,18 @@ fn extra_settings(e: &EngineConfig, value_field: &FieldPath) -> BTreeMap<String,
             .collect();
         extra.insert("group_by".into(), format!("[{}]", cols.join(", ")));
     }
+    if e.time_format != TimeFormat::EpochMsInteger {
+        extra.insert("time_format".into(), format!("'{}'", e.time_format.name()));
+    }
+    if let Some(z) = &e.time_zone {
+        extra.insert("time_zone".into(), format!("'{}'", z.name()));
+    }
+    if e.kafka_timestamp {
+        extra.insert("kafka_timestamp".into(), "true".into());
+    }
+    if e.numeric_strings {
+        extra.insert("numeric_strings".into(), "true".into());
+    }
     if e.aggregates != AggSpec::defaults(value_field) {
         let shown: Vec<String> = e
             .aggregates
@@ -854,6 +944,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let window = parse_window(&given, window_ms)?;
     let (keys, default_key, aggregates) =
         parse_keys_and_aggregates(&given, &key_field, &value_field)?;
+    let (time_format, time_zone, kafka_timestamp) = parse_time(&given)?;
     let engine = EngineConfig {
         time: TimeSpec {
             window_ms,
@@ -862,6 +953,11 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         },
         window,
         time_field: time_field.clone(),
+        time_format,
+        time_zone,
+        kafka_timestamp,
+        numeric_strings: given.boolean(P::NumericStrings)?.unwrap_or(false),
+        max_future_ms: given.positive(P::MaxFutureMs)?,
         keys,
         default_key,
         aggregates,

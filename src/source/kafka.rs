@@ -295,6 +295,7 @@ impl Reader {
                 ));
             }
             let offset = m.offset;
+            let timestamp = m.timestamp;
             self.next[idx] = offset + 1;
             if self.next[idx] >= self.ends[idx] {
                 self.done[idx] = true;
@@ -304,6 +305,7 @@ impl Reader {
                 next_offset: offset + 1,
                 payload: m.payload,
                 key: m.key,
+                timestamp,
             });
             queue.advance();
             if !keep {

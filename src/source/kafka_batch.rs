@@ -20,6 +20,8 @@ pub struct KafkaMessage<'a> {
     pub key: Option<&'a [u8]>,
     /// A librdkafka error code carried by the message (e.g. KAFKA_PARTITION_EOF), with its text.
     pub error: Option<(i32, String)>,
+    /// The record's timestamp (create or log-append time), epoch ms, when it has one.
+    pub timestamp: Option<i64>,
 }
 
 /// A partition's own queue (split off the consumer's, as rdkafka's `split_partition_queue`
@@ -113,11 +115,16 @@ impl<C: ConsumerContext + 'static> PartitionBatches<C> {
                 let text = err_text(rk::rd_kafka_err2str(msg.err));
                 (msg.err as i32, text)
             });
+            let mut kind = rk::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
+            let ts = rk::rd_kafka_message_timestamp(m, &mut kind);
             Some(KafkaMessage {
                 offset: msg.offset,
                 payload: bytes(msg.payload, msg.len).unwrap_or(&[]),
                 key: bytes(msg.key, msg.key_len),
                 error,
+                timestamp: (ts >= 0
+                    && kind != rk::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE)
+                    .then_some(ts),
             })
         }
     }

@@ -69,8 +69,9 @@ SQL_TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.p
 
 
 def generate_sql(con, directory, events, partitions=4, keys=50, late_pct=5.0, bad_permille=0,
-                 window_ms=1000, skew_ms=0, skew_partition=-1, seed=42, base_ms=BASE_MS):
-    """Fast generation inside DuckDB (sql/generate_events.sql); returns the file paths."""
+                 window_ms=1000, skew_ms=0, skew_partition=-1, seed=42, base_ms=BASE_MS, iso_times=False):
+    """Fast generation inside DuckDB (sql/generate_events.sql); returns the file paths. With
+    iso_times, event_time_ms holds RFC 3339 text (2023-11-14T22:13:20.123Z) instead of a number."""
     from string import Template
     os.makedirs(directory, exist_ok=True)
     with open(SQL_TEMPLATE) as f:
@@ -81,7 +82,9 @@ def generate_sql(con, directory, events, partitions=4, keys=50, late_pct=5.0, ba
         con.execute(template.substitute(
             partitions=partitions, base_ms=base_ms, late_pct=late_pct, window_ms=window_ms,
             bad_permille=bad_permille, skew_partition=skew_partition, skew_ms=skew_ms, keys=keys,
-            seed=seed, p=p, events=events, path=path))
+            seed=seed, p=p, events=events, path=path,
+            time_open="'\"' || strftime(epoch_ms(CAST(" if iso_times else "",
+            time_close=" AS BIGINT)), '%Y-%m-%dT%H:%M:%S.%gZ') || '\"'" if iso_times else ""))
         paths.append(path)
     return paths
 

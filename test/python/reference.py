@@ -7,6 +7,7 @@ run(parts, window_ms, lateness_ms, ...) returns (closed windows, still-open wind
 (partition, offset, event_time, watermark), dead (partition, offset), final watermark).
 A window is keyed (start, end, key tuple); its value is a dict of aggregate name -> value.
 """
+import datetime
 import json
 import math
 
@@ -127,9 +128,25 @@ class Agg:
         return self.stamp[1] if self.stamp else None
 
 
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def iso_ms(text):
+    """Epoch ms of an RFC 3339 string with an offset (Python's reading), or None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        dt = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        return None
+    return (dt - EPOCH) // datetime.timedelta(milliseconds=1)
+
+
 class Job:
     def __init__(self, window_ms, lateness_ms, hop_ms=None, session=False, group_by=None, aggregates=None,
-                 time_field="event_time_ms", key_field="key", value_field="payload.value"):
+                 time_field="event_time_ms", key_field="key", value_field="payload.value", time_format=None):
         self.window, self.lateness = window_ms, lateness_ms
         self.hop = hop_ms or window_ms
         self.session = session
@@ -138,6 +155,7 @@ class Job:
         aggs = aggregates or [a.replace("payload.value", value_field) for a in DEFAULT_AGGS]
         self.aggs = [parse_agg(a) for a in aggs]
         self.time_field = time_field
+        self.time_format = time_format
 
     def decode(self, line):
         """(time, key tuple, inputs) or None (dead letter)."""
@@ -148,9 +166,14 @@ class Job:
         if not isinstance(d, dict):
             return None
         present, t = get(d, self.time_field)
-        if not present or not isinstance(t, Num) or not t.integer or not MIN_T <= int(t.text) <= MAX_T:
+        if self.time_format == "iso8601":
+            t = iso_ms(t)
+            if t is None:
+                return None
+        elif not present or not isinstance(t, Num) or not t.integer or not MIN_T <= int(t.text) <= MAX_T:
             return None
-        t = int(t.text)
+        else:
+            t = int(t.text)
         key = []
         for k in self.keys:
             present, v = get(d, k)

@@ -336,27 +336,36 @@ def hostile_input(scale):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def fuzz_decoder(scale):
-    """cargo-fuzz (libFuzzer) on the decoder for a fixed time: no panic, and whatever it accepts
-    is JSON for serde_json too."""
-    seconds = 20 if scale == "short" else 300
-    fuzz_dir = os.path.join(ROOT, "fuzz")
-    corpus = tempfile.mkdtemp(prefix="setl-fuzz-")
+TIME_SEEDS = [b"2026-11-30T12:00:01.250Z", b"2026-11-30 12:00:01.999999999+05:45", b"1970-01-01T00:00:00-00:00",
+              b"2024-02-29T23:59:59.9999+23:59", b"0001-01-01T00:00:00Z", b"9999-12-31T23:59:59.999Z", b"1700000000",
+              b"-1234567890123", b"2026-11-30T12:00Z", b"2026-11-30t12:00:00z"]
+
+
+def _fuzz(target, seeds, seconds, max_len):
+    corpus = tempfile.mkdtemp(prefix=f"setl-fuzz-{target}-")
     try:
-        for i, (m, _) in enumerate(hostile_corpus()):
-            if len(m) < 4096:
-                with open(os.path.join(corpus, f"seed-{i}"), "wb") as f:
-                    f.write(m)
-        r = subprocess.run(["cargo", "fuzz", "run", "--sanitizer", "none", "--release", "decode", corpus,
-                            "--", f"-max_total_time={seconds}", "-max_len=4096", "-print_final_stats=1"],
+        for i, m in enumerate(seeds):
+            with open(os.path.join(corpus, f"seed-{i}"), "wb") as f:
+                f.write(m)
+        r = subprocess.run(["cargo", "fuzz", "run", "--sanitizer", "none", "--release", target, corpus,
+                            "--", f"-max_total_time={seconds}", f"-max_len={max_len}", "-print_final_stats=1"],
                            cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
         runs = [l for l in r.stderr.splitlines() if l.startswith("stat::number_of_executed_units")]
-        n = int(runs[-1].split(":")[-1]) if runs else 0
-        return row("coverage-guided fuzzing of the decoder (cargo-fuzz)", 0, n, 0, 0, True, "",
-                   f"{seconds} s, no panic, accepts only what serde_json accepts")
+        return int(runs[-1].split(":")[-1]) if runs else 0
     finally:
         shutil.rmtree(corpus, ignore_errors=True)
+
+
+def fuzz_decoder(scale):
+    """cargo-fuzz (libFuzzer) on the decoder and on the time parsers for a fixed time: no panic;
+    the decoder accepts only what serde_json accepts and finds the same fields; the time parsers
+    agree with chrono's RFC 3339 reading and with exact integer arithmetic."""
+    seconds = 20 if scale == "short" else 300
+    n = _fuzz("decode", [m for m, _ in hostile_corpus() if len(m) < 4096], seconds, 4096)
+    n += _fuzz("time", TIME_SEEDS, seconds // 2, 64)
+    return row("coverage-guided fuzzing of the decoder and time parsers (cargo-fuzz)", 0, n, 0, 0, True, "",
+               f"{seconds} s + {seconds // 2} s, no panic; serde_json and chrono as oracles")
 
 
 # --- hostile state ---------------------------------------------------------------------------

@@ -253,6 +253,11 @@ def test_kafka_properties_pass_through_and_bad_ones_are_named(mock):
     with pytest.raises(Exception) as e:
         run(con, topic, mock.bootstrap, "job := 'x'", "kafka := MAP {'no.such.property': '1'}")
     assert "invalid Kafka configuration" in str(e.value) and "no.such.property" in str(e.value)
+    # Values with the characters DuckDB's MAP text quotes (, = ' \ and spaces) arrive intact.
+    tricky = "1, x='y' \\z"
+    with pytest.raises(Exception) as e:
+        run(con, topic, mock.bootstrap, "job := 'y'", f"kafka := MAP {{'security.protocol': '{tricky.replace(chr(39), chr(39) * 2)}'}}")
+    assert tricky in str(e.value), str(e.value)
 
 
 def test_partitions_the_job_has_not_seen_are_read_from_the_start(mock):
@@ -285,3 +290,34 @@ def test_messages_deleted_by_retention_before_they_were_read_are_a_dead_letter(m
     assert offset == 10 and error.endswith("were deleted by the broker (retention) before this job read them")
     assert rows[4] == 1 and rows[1] == 40100 - first_kept
     assert con.execute("SELECT next_offset FROM streaming_etl_checkpoint()").fetchone()[0] == 40100
+
+
+def test_record_timestamps_as_event_time(broker):
+    """kafka_timestamp := true: the record's own timestamp (set by the producer here) is the
+    event time; the payload need not have a time field."""
+    from confluent_kafka import Producer
+
+    topic = topic_name()
+    broker.create_topic(topic, 2)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": False})
+    base = 1_700_000_000_000
+    sent = []
+    for i in range(40):
+        part, ts = i % 2, base + i * 250
+        value = json.dumps({"key": f"k{i % 3}", "payload": {"value": i}})
+        p.produce(topic, value=value, partition=part, timestamp=ts)
+        sent.append((part, ts, f"k{i % 3}", i))
+    assert p.flush(30) == 0
+    con = connect()
+    stats = run(con, topic, broker.bootstrap, "kafka_timestamp := true", "flush := true", lateness=0)[-1]
+    assert stats[1] == 40 and stats[3] == 0 and stats[4] == 0, stats
+    want = {}
+    for _, ts, key, v in sent:
+        w = want.setdefault(((ts // 1000) * 1000, key), [0, 0.0])
+        w[0] += 1
+        w[1] += v
+    got = {(s, k): [c, sv] for s, k, c, sv in con.execute("SELECT window_start_ms, key, count, sum_value FROM windows").fetchall()}
+    assert got == want
+    # The job remembers that it reads record timestamps.
+    with pytest.raises(Exception, match="was checkpointed with kafka_timestamp = true"):
+        run(con, topic, broker.bootstrap, lateness=0)

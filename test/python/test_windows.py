@@ -2,6 +2,7 @@
 (test/python/reference.py, written from the SPEC) on random data with skewed partitions; and the
 same jobs stopped and resumed every few messages, or killed at random instants, ending exactly
 like a straight run."""
+import datetime
 import json
 import math
 import os
@@ -98,7 +99,8 @@ def sql_args(job_args):
 def check_against_reference(tmp_path, parts, window, lateness, job_args, flush=True):
     topic = write_parts(tmp_path / "in", parts)
     job = Job(window, lateness, hop_ms=job_args.get("hop_ms"), session=job_args.get("window_kind") == "session",
-              group_by=job_args.get("group_by"), aggregates=job_args.get("aggregates"), time_field="ts")
+              group_by=job_args.get("group_by"), aggregates=job_args.get("aggregates"), time_field="ts",
+              time_format=job_args.get("time_format"))
     closed, open_w, late, dead, wm = run(parts, job, flush=flush)
     con = connect()
     stats = con.execute(f"SELECT events_consumed, windows_emitted, late_events, dead_letters FROM streaming_etl_run("
@@ -195,6 +197,40 @@ def test_killed_runs_resume_exactly(tmp_path):
     total = con.execute('SELECT sum(orders) FROM windows').fetchone()[0] + \
         con.execute("SELECT count(*) FROM late_events").fetchone()[0] + con.execute("SELECT count(*) FROM dead_letters").fetchone()[0]
     assert total == sum(map(len, parts))
+
+
+def as_iso(parts, rng):
+    """The same orders with their times written as RFC 3339 text in assorted offsets and styles."""
+    out = []
+    for lines in parts:
+        conv = []
+        for line in lines:
+            try:
+                d = json.loads(line)
+            except ValueError:
+                conv.append(line)
+                continue
+            if not isinstance(d, dict) or not isinstance(d.get("ts"), int):
+                conv.append(line)
+                continue
+            off = datetime.timedelta(minutes=rng.choice([0, 0, 60, -300, 345, -570]))
+            dt = datetime.datetime.fromtimestamp(d["ts"] / 1000, datetime.timezone(off))
+            digits = rng.choice([0, 1, 3, 6])
+            frac = dt.strftime("%f")[:digits]
+            text = dt.strftime("%Y-%m-%d") + rng.choice(["T", " "]) + dt.strftime("%H:%M:%S") + \
+                (("." + frac) if digits else "") + ("Z" if off.total_seconds() == 0 and rng.random() < 0.5 else dt.strftime("%z")[:3] + ":" + dt.strftime("%z")[3:])
+            d["ts"] = text
+            conv.append(json.dumps(d))
+        out.append(conv)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_iso_times_match_the_reference(tmp_path, seed):
+    rng = random.Random(300 + seed)
+    parts = as_iso(random_orders(rng, rng.randint(1, 4)), rng)
+    check_against_reference(tmp_path, parts, 1000, 200, {"time_format": "iso8601", "group_by": GROUP, "aggregates": AGGS},
+                            flush=True)
 
 
 def test_approx_count_distinct_stays_within_two_percent(tmp_path):

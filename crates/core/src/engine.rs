@@ -9,6 +9,7 @@ use crate::rows::{ColumnType, TableSchema};
 use crate::session::SessionStore;
 use crate::source::Message;
 use crate::state::{Batch, CodecError, OutputSchemas, Reader, Writer};
+use crate::time::{TimeFormat, Zone};
 use crate::watermark::{PartitionClock, Watermarks};
 use crate::window::PaneStore;
 
@@ -51,6 +52,15 @@ pub struct EngineConfig {
     pub time: TimeSpec,
     pub window: WindowKind,
     pub time_field: FieldPath,
+    pub time_format: TimeFormat,
+    /// The zone ISO times without an offset are read in (None: they are dead letters).
+    pub time_zone: Option<Zone>,
+    /// The Kafka record's timestamp is the event time (the time field is not read).
+    pub kafka_timestamp: bool,
+    /// Decimal strings count as numbers where an aggregate needs one.
+    pub numeric_strings: bool,
+    /// An event more than this far ahead of the wall clock is a dead letter.
+    pub max_future_ms: Option<i64>,
     /// The key columns (none: one row per window).
     pub keys: Vec<KeyColumn>,
     /// The single default key (`key_field`): falls back to the Kafka message key when absent,
@@ -71,6 +81,11 @@ impl EngineConfig {
             time,
             window: WindowKind::Tumbling,
             time_field,
+            time_format: TimeFormat::EpochMsInteger,
+            time_zone: None,
+            kafka_timestamp: false,
+            numeric_strings: false,
+            max_future_ms: None,
             keys: vec![KeyColumn {
                 path: key_field,
                 name: "key".into(),
@@ -215,7 +230,7 @@ impl Engine {
         if cfg.aggregates.len() > MAX_AGGREGATES {
             return Err(CodecError("too many aggregates"));
         }
-        let plan = Plan::new(&cfg.time_field, &cfg.keys, cfg.default_key, &cfg.aggregates);
+        let plan = Plan::new(cfg);
         let windows = match &restored.open_windows {
             Some(data) => Windows::decode(cfg, restored.floor_ms, data)?,
             None => Windows::new(cfg, restored.floor_ms),
@@ -320,7 +335,14 @@ impl Engine {
             Ok(f) => f,
             Err(e) => return self.dead(partition, msg, Reject::Syntax(e)),
         };
-        let read = self.plan.time(&fields).and_then(|t| {
+        let read = self.plan.time(&fields, msg.timestamp).and_then(|t| {
+            if self
+                .cfg
+                .max_future_ms
+                .is_some_and(|m| t > self.now_ms.saturating_add(m))
+            {
+                return Err(Reject::TooFarAhead);
+            }
             self.plan.key(&fields, msg.key, &mut self.key)?;
             self.plan.inputs(&fields, &mut inputs[..n])?;
             Ok(t)

@@ -15,5 +15,6 @@ pub mod rows;
 pub mod session;
 pub mod source;
 pub mod state;
+pub mod time;
 pub mod watermark;
 pub mod window;

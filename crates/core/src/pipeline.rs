@@ -434,6 +434,7 @@ mod tests {
                 next_offset: 1,
                 payload,
                 key: Some(b"from-kafka"),
+                timestamp: None,
             },
         );
         eng.process(
@@ -443,6 +444,7 @@ mod tests {
                 next_offset: 2,
                 payload,
                 key: Some(&[0xff]),
+                timestamp: None,
             },
         );
         eng.flush();

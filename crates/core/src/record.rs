@@ -4,9 +4,11 @@
 //! integer`). The job's fields are read in one pass; each path is decoded once however many
 //! roles it has.
 
-use crate::aggregate::{AggFunc, AggSpec, Input};
+use crate::aggregate::{AggFunc, Input};
 use crate::decode::{parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind};
+use crate::engine::EngineConfig;
 use crate::hll::hash64;
+use crate::time::{epoch_ms, iso8601_ms, TimeError, TimeFormat, Zone};
 
 /// Event times outside years 1..=9999 are rejected: they are almost always unit mistakes
 /// (seconds or microseconds), and inside this range window arithmetic cannot overflow.
@@ -49,13 +51,26 @@ pub enum Reject {
     Duplicate(Role, usize),
     /// No key field, and the Kafka message key is not UTF-8.
     KeyNotUtf8,
+    /// An ISO time that is not a date-time (what is wrong).
+    BadTime(usize, &'static str),
+    /// An ISO time without an offset, and no zone to assume.
+    NoZone(usize),
+    /// The job reads the Kafka record's timestamp and the record has none.
+    NoKafkaTimestamp,
+    /// The event time is further ahead of the wall clock than `max_future_ms`.
+    TooFarAhead,
 }
 
 /// The fields a job reads and what each is for.
 #[derive(Debug, Clone)]
 pub struct Plan {
     paths: Vec<FieldPath>,
-    time: usize,
+    /// The time field's path (None: the Kafka record's timestamp is the time).
+    time: Option<usize>,
+    format: TimeFormat,
+    zone: Option<Zone>,
+    numeric_strings: bool,
+    max_future_ms: Option<i64>,
     keys: Vec<usize>,
     /// The default single key, which falls back to the Kafka message key when absent and is
     /// a string or a number (never a boolean), as in version 0.1.
@@ -77,7 +92,7 @@ fn input_class(f: AggFunc) -> u8 {
 }
 
 impl Plan {
-    pub fn new(time: &FieldPath, keys: &[KeyColumn], default_key: bool, aggs: &[AggSpec]) -> Plan {
+    pub fn new(cfg: &EngineConfig) -> Plan {
         let mut paths: Vec<FieldPath> = Vec::new();
         let mut index = |p: &FieldPath| match paths.iter().position(|q| q == p) {
             Some(i) => i,
@@ -86,10 +101,10 @@ impl Plan {
                 paths.len() - 1
             }
         };
-        let time = index(time);
-        let keys = keys.iter().map(|k| index(&k.path)).collect();
+        let time = (!cfg.kafka_timestamp).then(|| index(&cfg.time_field));
+        let keys = cfg.keys.iter().map(|k| index(&k.path)).collect();
         let mut inputs: Vec<(AggFunc, Option<usize>, Option<usize>)> = Vec::new();
-        for a in aggs {
+        for a in &cfg.aggregates {
             let path = a.path.as_ref().map(&mut index);
             let same = path.and_then(|p| {
                 inputs
@@ -101,8 +116,12 @@ impl Plan {
         Plan {
             paths,
             time,
+            format: cfg.time_format,
+            zone: cfg.time_zone.clone(),
+            numeric_strings: cfg.numeric_strings,
+            max_future_ms: cfg.max_future_ms,
             keys,
-            default_key,
+            default_key: cfg.default_key,
             inputs,
         }
     }
@@ -121,11 +140,16 @@ impl Plan {
             Reject::WrongType(role, i, why) => {
                 format!("{} field '{}' {}", role.shown(), name(i), why)
             }
-            Reject::OutOfRange(Role::Time, i) => format!(
+            Reject::OutOfRange(Role::Time, i) if self.format == TimeFormat::EpochMsInteger => format!(
                 "event time field '{}' is out of range (must be epoch milliseconds between {} and {})",
                 name(i),
                 MIN_EVENT_TIME_MS,
                 MAX_EVENT_TIME_MS
+            ),
+            Reject::OutOfRange(Role::Time, i) => format!(
+                "event time field '{}' is out of range (must be between years 1 and 9999 as {})",
+                name(i),
+                self.format.expected()
             ),
             Reject::OutOfRange(role, i) => format!(
                 "{} field '{}' is out of range (not a finite double)",
@@ -140,23 +164,56 @@ impl Plan {
             Reject::KeyNotUtf8 => {
                 "missing key: no key field and the message key is not valid UTF-8".to_string()
             }
+            Reject::BadTime(i, why) => format!(
+                "event time field '{}' is not {} ({why})",
+                name(i),
+                self.format.expected()
+            ),
+            Reject::NoZone(i) => format!(
+                "event time field '{}' has no time zone (no Z or offset such as +01:00); name the zone to assume with time_zone := 'UTC' or an IANA name",
+                name(i)
+            ),
+            Reject::NoKafkaTimestamp => {
+                "the Kafka record has no timestamp (kafka_timestamp := true reads it as the event time)"
+                    .to_string()
+            }
+            Reject::TooFarAhead => match self.max_future_ms {
+                Some(m) => format!(
+                    "event time is more than max_future_ms ({m} ms) ahead of the wall clock"
+                ),
+                None => "event time is too far ahead of the wall clock".to_string(),
+            },
         }
     }
 
-    /// The event time, epoch milliseconds.
+    /// The event time, epoch milliseconds (`record_ms`: the Kafka record's timestamp).
     #[inline]
-    pub fn time(&self, f: &Fields<'_>) -> Result<i64, Reject> {
-        let i = self.time;
+    pub fn time(&self, f: &Fields<'_>, record_ms: Option<i64>) -> Result<i64, Reject> {
+        let Some(i) = self.time else {
+            return match record_ms {
+                Some(t) if (MIN_EVENT_TIME_MS..=MAX_EVENT_TIME_MS).contains(&t) => Ok(t),
+                _ => Err(Reject::NoKafkaTimestamp),
+            };
+        };
         let v = f.get(i);
         if v.duplicate {
             return Err(Reject::Duplicate(Role::Time, i));
         }
         let wrong = |why| Err(Reject::WrongType(Role::Time, i, why));
-        match v.kind {
-            Kind::Missing => Err(Reject::Missing(Role::Time, i)),
-            Kind::Null => Err(Reject::Null(Role::Time, i)),
-            Kind::Number if !v.integer => wrong("is not an integer (epoch milliseconds)"),
-            Kind::Number => {
+        let from = |r: Result<i64, TimeError>| {
+            r.map_err(|e| match e {
+                TimeError::OutOfRange => Reject::OutOfRange(Role::Time, i),
+                TimeError::BadIso(why) => Reject::BadTime(i, why),
+                TimeError::NoZone => Reject::NoZone(i),
+            })
+        };
+        match (v.kind, self.format) {
+            (Kind::Missing, _) => Err(Reject::Missing(Role::Time, i)),
+            (Kind::Null, _) => Err(Reject::Null(Role::Time, i)),
+            (Kind::Number, TimeFormat::EpochMsInteger) if !v.integer => {
+                wrong("is not an integer (epoch milliseconds)")
+            }
+            (Kind::Number, TimeFormat::EpochMsInteger) => {
                 let t = parse_i64(v.bytes).ok_or(Reject::OutOfRange(Role::Time, i))?;
                 if (MIN_EVENT_TIME_MS..=MAX_EVENT_TIME_MS).contains(&t) {
                     Ok(t)
@@ -164,10 +221,16 @@ impl Plan {
                     Err(Reject::OutOfRange(Role::Time, i))
                 }
             }
-            Kind::String => wrong("is a string, not an integer"),
-            Kind::Bool => wrong("is a boolean"),
-            Kind::Object => wrong("is an object"),
-            Kind::Array => wrong("is an array"),
+            (Kind::String, TimeFormat::EpochMsInteger) => wrong("is a string, not an integer"),
+            (Kind::Number, TimeFormat::Iso8601) => {
+                wrong("is a number, not an ISO 8601 date-time string")
+            }
+            (Kind::String, TimeFormat::Iso8601) => from(iso8601_ms(v.bytes, self.zone.as_ref())),
+            (Kind::Number, format) => from(epoch_ms(v.bytes, format)),
+            (Kind::String, _) => wrong("is a string, not a number"),
+            (Kind::Bool, _) => wrong("is a boolean"),
+            (Kind::Object, _) => wrong("is an object"),
+            (Kind::Array, _) => wrong("is an array"),
         }
     }
 
@@ -224,7 +287,7 @@ impl Plan {
             if v.duplicate {
                 return Err(Reject::Duplicate(Role::Value, i));
             }
-            out[k] = input(func, i, &v)?;
+            out[k] = input(func, i, &v, self.numeric_strings)?;
         }
         Ok(())
     }
@@ -240,22 +303,69 @@ fn wrong_kind(k: Kind) -> &'static str {
     }
 }
 
+/// Whether `s` is a decimal number as JSON writes one (what numeric_strings accepts).
+fn json_number(s: &[u8]) -> bool {
+    let mut i = usize::from(s.first() == Some(&b'-'));
+    let digits = |i: &mut usize| {
+        let start = *i;
+        while s.get(*i).is_some_and(u8::is_ascii_digit) {
+            *i += 1;
+        }
+        *i - start
+    };
+    match s.get(i) {
+        Some(b'0') => i += 1,
+        Some(b'1'..=b'9') => {
+            digits(&mut i);
+        }
+        _ => return false,
+    }
+    if s.get(i) == Some(&b'.') {
+        i += 1;
+        if digits(&mut i) == 0 {
+            return false;
+        }
+    }
+    if matches!(s.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(s.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        if digits(&mut i) == 0 {
+            return false;
+        }
+    }
+    i == s.len()
+}
+
 #[inline]
-fn input<'a>(func: AggFunc, i: usize, v: &Field<'a>) -> Result<Input<'a>, Reject> {
+fn input<'a>(
+    func: AggFunc,
+    i: usize,
+    v: &Field<'a>,
+    numeric_strings: bool,
+) -> Result<Input<'a>, Reject> {
     if matches!(v.kind, Kind::Missing | Kind::Null) {
         return Ok(Input::Skip);
     }
     if func.numeric() {
-        return match v.kind {
-            Kind::Number => {
-                let x = parse_f64(v.bytes)
-                    .ok_or(Reject::Syntax(DecodeError::NotJson("invalid number")))?;
-                if x.is_finite() {
-                    Ok(Input::Num(x))
-                } else {
-                    Err(Reject::OutOfRange(Role::Value, i))
-                }
+        let number = |bytes: &[u8]| {
+            let x =
+                parse_f64(bytes).ok_or(Reject::Syntax(DecodeError::NotJson("invalid number")))?;
+            if x.is_finite() {
+                Ok(Input::Num(x))
+            } else {
+                Err(Reject::OutOfRange(Role::Value, i))
             }
+        };
+        return match v.kind {
+            Kind::Number => number(v.bytes),
+            Kind::String if numeric_strings && json_number(v.bytes) => number(v.bytes),
+            Kind::String if numeric_strings => Err(Reject::WrongType(
+                Role::Value,
+                i,
+                "is a string that is not a decimal number",
+            )),
             other => Err(Reject::WrongType(Role::Value, i, wrong_kind(other))),
         };
     }
@@ -334,17 +444,22 @@ mod tests {
     use super::*;
     use crate::decode::Decoder;
 
-    fn plan() -> Plan {
+    fn config() -> EngineConfig {
         let p = |s: &str| FieldPath::parse(s).unwrap();
-        Plan::new(
-            &p("event_time_ms"),
-            &[KeyColumn {
-                path: p("key"),
-                name: "key".into(),
-            }],
-            true,
-            &AggSpec::defaults(&p("payload.value")),
+        EngineConfig::with_defaults(
+            crate::engine::TimeSpec {
+                window_ms: 1000,
+                lateness_ms: 0,
+                idle_timeout_ms: None,
+            },
+            p("key"),
+            p("event_time_ms"),
+            &p("payload.value"),
         )
+    }
+
+    fn plan() -> Plan {
+        Plan::new(&config())
     }
 
     /// (key, time, value) or the dead-letter reason.
@@ -354,7 +469,7 @@ mod tests {
         let f = d
             .decode(line)
             .map_err(|e| plan.describe(Reject::Syntax(e)))?;
-        let t = plan.time(&f).map_err(|e| plan.describe(e))?;
+        let t = plan.time(&f, None).map_err(|e| plan.describe(e))?;
         let mut key = Vec::new();
         plan.key(&f, None, &mut key).map_err(|e| plan.describe(e))?;
         let mut inputs = [Input::Skip; 4];
@@ -501,21 +616,18 @@ mod tests {
     #[test]
     fn composite_keys_and_late_key_text() {
         let p = |s: &str| FieldPath::parse(s).unwrap();
-        let keys = [
-            KeyColumn {
-                path: p("region"),
-                name: "region".into(),
-            },
-            KeyColumn {
-                path: p("item.sku"),
-                name: "sku".into(),
-            },
-            KeyColumn {
-                path: p("vip"),
-                name: "vip".into(),
-            },
-        ];
-        let plan = Plan::new(&p("ts"), &keys, false, &[]);
+        let mut cfg = config();
+        cfg.time_field = p("ts");
+        cfg.keys = ["region", "item.sku", "vip"]
+            .iter()
+            .map(|k| KeyColumn {
+                path: p(k),
+                name: k.to_string(),
+            })
+            .collect();
+        cfg.default_key = false;
+        cfg.aggregates = vec![];
+        let plan = Plan::new(&cfg);
         let mut d = Decoder::new(plan.paths().to_vec());
         let f = d
             .decode(br#"{"ts":1,"region":"eu","item":{"sku":"A\"1"},"vip":true}"#)
@@ -535,5 +647,88 @@ mod tests {
             "missing key field 'item.sku'"
         );
         assert!(!late_key(b"", 0, &mut late));
+    }
+
+    fn time_with(cfg: &EngineConfig, line: &str) -> Result<i64, String> {
+        let plan = Plan::new(cfg);
+        let mut d = Decoder::new(plan.paths().to_vec());
+        let f = d.decode(line.as_bytes()).unwrap();
+        plan.time(&f, Some(7)).map_err(|e| plan.describe(e))
+    }
+
+    #[test]
+    fn time_formats_and_their_reasons() {
+        let mut cfg = config();
+        cfg.time_format = TimeFormat::EpochS;
+        assert_eq!(time_with(&cfg, r#"{"event_time_ms":1.5}"#), Ok(1500));
+        assert_eq!(
+            time_with(&cfg, r#"{"event_time_ms":"1"}"#),
+            Err("event time field 'event_time_ms' is a string, not a number".into())
+        );
+        assert_eq!(
+            time_with(&cfg, r#"{"event_time_ms":1e20}"#),
+            Err("event time field 'event_time_ms' is out of range (must be between years 1 and 9999 as epoch seconds)".into())
+        );
+        cfg.time_format = TimeFormat::Iso8601;
+        assert_eq!(
+            time_with(&cfg, r#"{"event_time_ms":"1970-01-01T00:00:01.5Z"}"#),
+            Ok(1500)
+        );
+        assert_eq!(
+            time_with(&cfg, r#"{"event_time_ms":"1970-01-01T00:00:01"}"#),
+            Err("event time field 'event_time_ms' has no time zone (no Z or offset such as +01:00); name the zone to assume with time_zone := 'UTC' or an IANA name".into())
+        );
+        assert_eq!(
+            time_with(&cfg, r#"{"event_time_ms":"yesterday"}"#),
+            Err("event time field 'event_time_ms' is not an ISO 8601 date-time such as 2026-11-30T12:00:01.250Z (expected YYYY-MM-DD)".into())
+        );
+        assert_eq!(
+            time_with(&cfg, r#"{"event_time_ms":5}"#),
+            Err(
+                "event time field 'event_time_ms' is a number, not an ISO 8601 date-time string"
+                    .into()
+            )
+        );
+        cfg.time_zone = Some(Zone::utc());
+        assert_eq!(
+            time_with(&cfg, r#"{"event_time_ms":"1970-01-01T00:00:01"}"#),
+            Ok(1000)
+        );
+        cfg.kafka_timestamp = true;
+        assert_eq!(time_with(&cfg, r#"{"x":1}"#), Ok(7));
+    }
+
+    #[test]
+    fn numeric_strings_only_when_asked() {
+        let mut cfg = config();
+        let value = |cfg: &EngineConfig, line: &str| -> Result<Option<f64>, String> {
+            let plan = Plan::new(cfg);
+            let mut d = Decoder::new(plan.paths().to_vec());
+            let f = d.decode(line.as_bytes()).unwrap();
+            let mut inputs = [Input::Skip; 4];
+            plan.inputs(&f, &mut inputs).map_err(|e| plan.describe(e))?;
+            Ok(match inputs[1] {
+                Input::Num(x) => Some(x),
+                _ => None,
+            })
+        };
+        let line = r#"{"payload":{"value":"19.90"}}"#;
+        assert_eq!(
+            value(&cfg, line),
+            Err("value field 'payload.value' is a string, not a number".into())
+        );
+        cfg.numeric_strings = true;
+        assert_eq!(value(&cfg, line), Ok(Some(19.9)));
+        assert_eq!(
+            value(&cfg, r#"{"payload":{"value":"-1e3"}}"#),
+            Ok(Some(-1000.0))
+        );
+        for bad in ["19,90", " 1", "1.", "0x10", "NaN", ""] {
+            assert_eq!(
+                value(&cfg, &format!(r#"{{"payload":{{"value":"{bad}"}}}}"#)),
+                Err("value field 'payload.value' is a string that is not a decimal number".into()),
+                "{bad}"
+            );
+        }
     }
 }

@@ -147,6 +147,7 @@ impl Reader {
                     next_offset: offset + nl as i64 + 1,
                     payload: &self.buf[self.pos..self.pos + nl],
                     key: None,
+                    timestamp: None,
                 };
                 self.pos += nl + 1;
                 if !each(&msg) {

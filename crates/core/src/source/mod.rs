@@ -14,6 +14,8 @@ pub struct Message<'a> {
     pub payload: &'a [u8],
     /// The Kafka message key, when there is one.
     pub key: Option<&'a [u8]>,
+    /// The Kafka record's timestamp (create or log-append time, epoch ms), when it has one.
+    pub timestamp: Option<i64>,
 }
 
 /// Why a pull returned.
@@ -115,6 +117,7 @@ pub mod memory {
                     next_offset: offset + 1,
                     payload: m,
                     key: None,
+                    timestamp: None,
                 };
                 if !each(&msg) {
                     return Ok(if self.pos[idx] < self.messages[idx].len() {
