@@ -15,6 +15,7 @@ use streaming_etl_runtime::config::CheckpointLocation;
 
 use crate::params::{checkpoint_job, checkpoint_location, CHECKPOINT_PARAMS};
 use crate::result::{add_columns, write_row, ResultColumn};
+use crate::sandbox::Sandbox;
 use crate::{contained, sys};
 
 fn opt(v: Option<i64>) -> Cell<'static> {
@@ -97,6 +98,15 @@ pub const CHECKPOINT_COLUMNS: &[ResultColumn<CheckpointRow>] = &[
         ty: ColumnType::BigInt,
         get: |r| Cell::I64(r.last_update_ms),
     },
+    ResultColumn {
+        name: "status",
+        ty: ColumnType::Varchar,
+        get: |r| match r.status.as_deref() {
+            None => Cell::Null,
+            Some("") => Cell::Str("active"),
+            Some(s) => Cell::Str(s),
+        },
+    },
 ];
 
 pub struct CheckpointFunction;
@@ -120,7 +130,7 @@ impl VTab for CheckpointFunction {
             let host = sys::bind_host(bind).ok_or(EtlError::Detached)?;
             host.touch();
             let inspect = Inspect {
-                location: checkpoint_location(bind, host.db_path())?,
+                location: checkpoint_location(bind, host.db_path(), &Sandbox::read(bind))?,
                 job: checkpoint_job(bind)?,
             };
             add_columns(bind, CHECKPOINT_COLUMNS);

@@ -14,6 +14,7 @@ mod os;
 mod params;
 mod result;
 mod run_function;
+mod sandbox;
 mod sink;
 mod source;
 mod sys;

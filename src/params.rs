@@ -11,11 +11,12 @@ use streaming_etl_core::engine::{EngineConfig, TimeSpec, WindowKind, MAX_AGGREGA
 use streaming_etl_core::error::{EtlError, Result};
 use streaming_etl_core::record::KeyColumn;
 use streaming_etl_core::state::JobSettings;
-use streaming_etl_core::time::{TimeFormat, Zone};
+use streaming_etl_core::time::{iso8601_ms, TimeFormat, Zone};
 use streaming_etl_runtime::config::{CheckpointLocation, JobConfig};
 use streaming_etl_runtime::sink::Tables;
 
 use crate::args::{shown, Arg, Args};
+use crate::sandbox::Sandbox;
 
 /// A setting registered with DuckDB (`SET name = '...'`): name, default, description.
 pub struct Setting {
@@ -93,6 +94,10 @@ pub enum P {
     MaxRuntimeMs,
     IdleTimeoutMs,
     Flush,
+    Follow,
+    Start,
+    QuietFlushMs,
+    Files,
     Partitions,
     Checkpoint,
     CheckpointIntervalMs,
@@ -112,8 +117,16 @@ pub struct Param {
     pub default: &'static str,
     #[cfg_attr(not(test), allow(dead_code))]
     pub meaning: &'static str,
-    /// Applies to a Kafka topic only (an error on a file source).
-    pub kafka_only: bool,
+    /// The sources it applies to (given for another one, it is an error).
+    pub applies: Applies,
+}
+
+/// The sources a parameter applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applies {
+    Both,
+    Kafka,
+    Files,
 }
 
 const fn param(
@@ -129,7 +142,7 @@ const fn param(
         ty,
         default,
         meaning,
-        kafka_only: false,
+        applies: Applies::Both,
     }
 }
 
@@ -146,7 +159,24 @@ const fn kafka(
         ty,
         default,
         meaning,
-        kafka_only: true,
+        applies: Applies::Kafka,
+    }
+}
+
+const fn files(
+    id: P,
+    name: &'static str,
+    ty: ParamType,
+    default: &'static str,
+    meaning: &'static str,
+) -> Param {
+    Param {
+        id,
+        name,
+        ty,
+        default,
+        meaning,
+        applies: Applies::Files,
     }
 }
 
@@ -171,6 +201,10 @@ pub const RUN_PARAMS: &[Param] = &[
     param(P::MaxRuntimeMs, "max_runtime_ms", ParamType::BigInt, "none", "stop after this long"),
     param(P::IdleTimeoutMs, "idle_timeout_ms", ParamType::BigInt, "none", "a partition silent this long (wall clock) stops holding the watermark back"),
     param(P::Flush, "flush", ParamType::Boolean, "false", "once caught up, close every open window (bounded input)"),
+    param(P::Follow, "follow", ParamType::Boolean, "false", "keep reading what arrives (messages, partitions, lines, files) until `max_runtime_ms`, `max_messages`, an interrupt or `LIMIT`"),
+    param(P::Start, "start", ParamType::Varchar, "`earliest`", "where a new job begins: `earliest`, `latest` (what arrives after its first run starts) or, Kafka only, a point in time (ISO 8601, or epoch ms)"),
+    param(P::QuietFlushMs, "quiet_flush_ms", ParamType::BigInt, "none", "once every partition has been silent this long (wall clock), close every open window"),
+    files(P::Files, "files", ParamType::Varchar, "`append`", "files only: `append` (every file may grow and holds the watermark back) or `rolling` (a caught-up file stops holding it back once a file sorting after it delivered data)"),
     param(P::Partitions, "partitions", ParamType::IntegerList, "all", "read only these partitions (split a topic between processes)"),
     param(P::Checkpoint, "checkpoint", ParamType::Varchar, "the setting", "checkpoint file for this call"),
     param(P::CheckpointIntervalMs, "checkpoint_interval_ms", ParamType::BigInt, "1000", "length of a checkpoint cycle (one result row per cycle)"),
@@ -415,6 +449,19 @@ pub struct RunPlan {
     pub source: SourceSpec,
     pub kafka: KafkaParams,
     pub partitions: Option<Vec<i32>>,
+    /// Where a new job begins.
+    pub start: Start,
+    /// DuckDB's sandbox as the call found it (file sources list and open under it).
+    pub sandbox: Sandbox,
+}
+
+/// Where a new job begins reading (its first run only; the checkpoint decides afterwards).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    Earliest,
+    Latest,
+    /// The first record whose timestamp is at or after this (epoch ms); Kafka only.
+    Time(i64),
 }
 
 fn required_int(name: &'static str, a: Option<Arg>) -> Result<i64> {
@@ -428,8 +475,13 @@ fn required_int(name: &'static str, a: Option<Arg>) -> Result<i64> {
 
 /// Resolves the checkpoint location: the `checkpoint` argument, else the
 /// `streaming_etl_checkpoint` setting, else next to the database file (in memory for an
-/// in-memory database).
-pub fn checkpoint_location(args: &dyn Args, db_path: Option<&str>) -> Result<CheckpointLocation> {
+/// in-memory database). A file the user named must be allowed by DuckDB's sandbox; the default
+/// one is the database's own state.
+pub fn checkpoint_location(
+    args: &dyn Args,
+    db_path: Option<&str>,
+    sandbox: &Sandbox,
+) -> Result<CheckpointLocation> {
     let given = Given::read(args, CHECKPOINT_PARAMS);
     let chosen = match given.text(P::Checkpoint)? {
         Some(p) => Some(p),
@@ -438,11 +490,17 @@ pub fn checkpoint_location(args: &dyn Args, db_path: Option<&str>) -> Result<Che
             _ => None,
         },
     };
+    let default = db_path.map(|db| format!("{db}.streaming_etl.sqlite"));
     Ok(match chosen.filter(|p| !p.trim().is_empty()) {
         Some(p) if p == ":memory:" => CheckpointLocation::Memory,
-        Some(p) => CheckpointLocation::File(p),
-        None => match db_path {
-            Some(db) => CheckpointLocation::File(format!("{db}.streaming_etl.sqlite")),
+        Some(p) => {
+            if default.as_deref() != Some(p.as_str()) {
+                sandbox.check_checkpoint(&p)?;
+            }
+            CheckpointLocation::File(p)
+        }
+        None => match default {
+            Some(path) => CheckpointLocation::File(path),
             None => CheckpointLocation::Memory,
         },
     })
@@ -494,6 +552,68 @@ fn parse_topic(args: &dyn Args) -> Result<(String, SourceSpec)> {
         }
     };
     Ok((topic, source))
+}
+
+/// `start`: `'earliest'`, `'latest'`, or (Kafka) a point in time: ISO 8601 (UTC when no offset
+/// is written, as DuckDB's TIMESTAMP reads), or epoch milliseconds.
+fn parse_start(given: &Given<'_>, is_kafka: bool) -> Result<Start> {
+    let name = given.name(P::Start);
+    let text = match given.get(P::Start) {
+        None => return Ok(Start::Earliest),
+        Some(Arg::Int(i)) => i.to_string(),
+        Some(Arg::Text(t)) => t.trim().to_string(),
+        Some(other) => {
+            return Err(EtlError::invalid(
+                name,
+                "must be 'earliest', 'latest' or a point in time",
+                shown(other),
+            ))
+        }
+    };
+    let lower = text.to_ascii_lowercase();
+    if lower == "earliest" {
+        return Ok(Start::Earliest);
+    }
+    if lower == "latest" {
+        return Ok(Start::Latest);
+    }
+    let at = if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        text.parse::<i64>().ok()
+    } else {
+        iso8601_ms(text.as_bytes(), Some(&Zone::utc())).ok()
+    };
+    let Some(at) = at else {
+        return Err(EtlError::invalid(
+            name,
+            "must be 'earliest', 'latest' or a point in time (ISO 8601 such as '2026-01-31 12:00:00', or epoch milliseconds)",
+            format!("'{text}'"),
+        ));
+    };
+    if !is_kafka {
+        return Err(EtlError::invalid(
+            name,
+            "a point in time applies to Kafka topics (lines in files carry no record timestamp); use 'earliest' or 'latest'",
+            format!("'{text}'"),
+        ));
+    }
+    Ok(Start::Time(at))
+}
+
+/// `files`: whether the rolling rule is on.
+fn parse_files(given: &Given<'_>) -> Result<bool> {
+    match given
+        .text(P::Files)?
+        .map(|f| f.to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("append") => Ok(false),
+        Some("rolling") => Ok(true),
+        Some(_) => Err(EtlError::invalid(
+            given.name(P::Files),
+            "must be 'append' or 'rolling'",
+            shown(given.get(P::Files).unwrap_or(&Arg::Null)),
+        )),
+    }
 }
 
 /// The window kind from `window_kind` and `hop_ms`.
@@ -907,18 +1027,28 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         ));
     }
     let given = Given::read(args, RUN_PARAMS);
+    let sandbox = Sandbox::read(args);
     let is_kafka = matches!(source, SourceSpec::Kafka { .. });
-    if !is_kafka {
-        if let Some(p) = RUN_PARAMS
-            .iter()
-            .find(|p| p.kafka_only && given.get(p.id).is_some())
-        {
-            return Err(EtlError::invalid(
-                p.name,
-                "applies to a Kafka topic, not to a file: source",
-                given.get(p.id).map(shown).unwrap_or_default(),
-            ));
-        }
+    let (other, why) = if is_kafka {
+        (
+            Applies::Files,
+            "applies to a file: source, not to a Kafka topic",
+        )
+    } else {
+        (
+            Applies::Kafka,
+            "applies to a Kafka topic, not to a file: source",
+        )
+    };
+    if let Some(p) = RUN_PARAMS
+        .iter()
+        .find(|p| p.applies == other && given.get(p.id).is_some())
+    {
+        return Err(EtlError::invalid(
+            p.name,
+            why,
+            given.get(p.id).map(shown).unwrap_or_default(),
+        ));
     }
     let job = given.text(P::Job)?.unwrap_or_else(|| topic.clone());
     if job.trim().is_empty() {
@@ -962,6 +1092,11 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         default_key,
         aggregates,
     };
+    let rolling = parse_files(&given)?;
+    let mut extra = extra_settings(&engine, &value_field);
+    if rolling {
+        extra.insert("files".into(), "'rolling'".into());
+    }
     let settings = JobSettings {
         source: topic.clone(),
         window_ms,
@@ -969,7 +1104,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         key_field: key_field.as_str().to_string(),
         time_field: time_field.as_str().to_string(),
         value_field: value_field.as_str().to_string(),
-        extra: extra_settings(&engine, &value_field),
+        extra,
     };
     let job_config = JobConfig {
         job: job.clone(),
@@ -981,16 +1116,26 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
             late: late.sql(),
             dead: dead.sql(),
         },
-        checkpoint: checkpoint_location(args, db_path)?,
+        checkpoint: checkpoint_location(args, db_path, &sandbox)?,
         max_messages: given.positive(P::MaxMessages)?.map(|m| m as u64),
         max_runtime_ms: given.positive(P::MaxRuntimeMs)?,
         checkpoint_interval_ms: given
             .positive(P::CheckpointIntervalMs)?
             .unwrap_or(DEFAULT_CHECKPOINT_INTERVAL_MS),
         flush: given.boolean(P::Flush)?.unwrap_or(false),
+        follow: given.boolean(P::Follow)?.unwrap_or(false),
+        rolling,
+        quiet_flush_ms: given.positive(P::QuietFlushMs)?,
     };
+    let kafka = parse_kafka(&given, args, &job, is_kafka)?;
+    match &source {
+        SourceSpec::Files { pattern } => sandbox.check_files(pattern)?,
+        SourceSpec::Kafka { .. } => sandbox.check_network(&kafka.brokers)?,
+    }
     Ok(RunPlan {
-        kafka: parse_kafka(&given, args, &job, is_kafka)?,
+        start: parse_start(&given, is_kafka)?,
+        sandbox,
+        kafka,
         partitions: parse_partitions(&given)?,
         source,
         job: job_config,

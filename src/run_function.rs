@@ -12,7 +12,7 @@ use duckdb::core::{DataChunkHandle, LogicalTypeHandle, LogicalTypeId};
 use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
 use streaming_etl_core::error::{EtlError, Result};
 use streaming_etl_core::rows::{Cell, ColumnType};
-use streaming_etl_core::source::file::FileSource;
+use streaming_etl_core::source::file::{FileOptions, FileSource};
 use streaming_etl_core::source::Source;
 use streaming_etl_core::state::PartitionState;
 use streaming_etl_runtime::checkpoint::Checkpoint;
@@ -22,10 +22,10 @@ use streaming_etl_runtime::job::{Run, RunEnv, RunStats, SourceOpener};
 use streaming_etl_runtime::lock::JobLock;
 
 use crate::host::Host;
-use crate::params::{parse_run, RunPlan, SourceSpec, RUN_PARAMS};
+use crate::params::{parse_run, RunPlan, SourceSpec, Start, RUN_PARAMS};
 use crate::result::{add_columns, write_row, ResultColumn};
 use crate::sink::DuckSink;
-use crate::source::kafka::KafkaSource;
+use crate::source::kafka::{KafkaOptions, KafkaSource};
 use crate::{contained, sys};
 
 fn count(v: u64) -> Cell<'static> {
@@ -143,21 +143,31 @@ fn start(plan: &RunPlan, host: &Arc<Host>) -> Result<Run> {
 fn source_opener(plan: &RunPlan) -> SourceOpener {
     let plan = plan.clone();
     Box::new(move |known: &[PartitionState]| {
-        let offsets: HashMap<i32, i64> =
-            known.iter().map(|p| (p.partition, p.next_offset)).collect();
         let only = plan.partitions.as_deref();
         let topic = &plan.job.topic;
         Ok(match &plan.source {
             SourceSpec::Files { pattern } => {
-                let names: Vec<(i32, String)> = known
-                    .iter()
-                    .map(|p| (p.partition, p.name.clone()))
-                    .collect();
-                Box::new(FileSource::open(topic, pattern, &names, &offsets, only)?)
-                    as Box<dyn Source>
+                let opts = FileOptions {
+                    policy: plan.sandbox.path_policy(),
+                    start_at_end: plan.start == Start::Latest,
+                };
+                Box::new(FileSource::open(topic, pattern, known, only, opts)?) as Box<dyn Source>
             }
             SourceSpec::Kafka { topic: name } => {
-                Box::new(KafkaSource::open(topic, name, &plan.kafka, &offsets, only)?)
+                let offsets: HashMap<i32, i64> =
+                    known.iter().map(|p| (p.partition, p.next_offset)).collect();
+                let opts = KafkaOptions {
+                    follow: plan.job.follow,
+                    start: plan.start,
+                };
+                Box::new(KafkaSource::open(
+                    topic,
+                    name,
+                    &plan.kafka,
+                    &offsets,
+                    only,
+                    opts,
+                )?)
             }
         })
     })

@@ -12,7 +12,8 @@ of the format the tests use:
     mode skip | mode unskip
     loop <var> <from> <to> ... endloop   repeat records with ${var} set
 
-`__TEST_DIR__` is replaced by a fresh temporary directory per test file; paths are relative
+`__TEST_DIR__` is replaced (in statements and expected output) by a fresh temporary directory
+per test file; paths are relative
 to the repository root (the working directory). NULL prints as NULL, booleans as true/false.
 
 usage: sqllogictest.py <extension path> <test file or directory> [...]
@@ -124,6 +125,8 @@ class Runner:
         for k, v in env.items():
             sql = sql.replace(k, v)
         try:
+            if expected is not None:
+                expected = [self.sub(line) for line in expected]
             self.record(header, self.sub(sql), expected)
         except Failure as e:
             raise Failure(f"{self.path}:{lineno}: {header}\n{sql}\n{e}") from None

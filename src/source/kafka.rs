@@ -1,7 +1,8 @@
 //! The Kafka source: a topic's partitions, assigned explicitly (no group rebalancing) and read
 //! from the checkpoint's offsets, each through its own librdkafka queue so the pipeline can
-//! take the next message from whichever partition it wants without copying. A run reads each
-//! partition up to the end offset it saw when it started. After each checkpoint the same
+//! take the next message from whichever partition it wants without copying. A bounded run reads
+//! each partition up to the end offset it saw when it started; a continuous one (`follow`)
+//! keeps reading, and picks up partitions added to the topic. After each checkpoint the same
 //! offsets are committed to the consumer group, for lag tools; the checkpoint stays the truth.
 
 use std::collections::HashMap;
@@ -17,8 +18,8 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use streaming_etl_core::error::{EtlError, Result};
 use streaming_etl_core::source::{Gap, Message, Pull, Source, SourcePartition};
 
-use super::kafka_batch::{PartitionBatches, KAFKA_PARTITION_EOF};
-use crate::params::KafkaParams;
+use super::kafka_batch::{self, PartitionBatches, KAFKA_PARTITION_EOF};
+use crate::params::{KafkaParams, Start};
 
 /// Keeps librdkafka's last error, so a timeout can say what went wrong (refused connection,
 /// failed authentication, ...), and keeps its logs out of the user's terminal.
@@ -53,6 +54,13 @@ impl ClientContext for Context {
 
 impl ConsumerContext for Context {}
 
+/// How the source reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KafkaOptions {
+    pub follow: bool,
+    pub start: Start,
+}
+
 /// The open consumer; dropped on a thread of its own (see `Drop for KafkaSource`).
 struct Reader {
     topic: String,
@@ -61,13 +69,18 @@ struct Reader {
     consumer: Arc<BaseConsumer<Context>>,
     queues: Vec<PartitionBatches<Context>>,
     parts: Vec<SourcePartition>,
-    /// The high watermark each partition had when the run started.
+    /// The high watermark each partition had when the run started (bounded runs stop there).
     ends: Vec<i64>,
     next: Vec<i64>,
+    /// The position after the end of data, past any transaction markers, when the partition
+    /// reported its end.
+    eof_at: Vec<Option<i64>>,
     done: Vec<bool>,
     timeout: Duration,
+    follow: bool,
     /// The last offsets sent to the consumer group.
     last_commit: Option<TopicPartitionList>,
+    only: Option<Vec<i32>>,
 }
 
 fn kafka_error(e: &KafkaError) -> String {
@@ -79,19 +92,20 @@ const BATCH: usize = 4096;
 
 pub struct KafkaSource {
     reader: Option<Reader>,
-    parts: Vec<SourcePartition>,
     gaps: Vec<Gap>,
 }
 
 impl KafkaSource {
     /// Connects, checks the topic, and assigns its partitions (or `only` those) at the
-    /// checkpointed offsets (`offsets`; earliest for partitions the job has not read).
+    /// checkpointed offsets (`offsets`); partitions the job has not read start where `start`
+    /// says on its first run (`first_run`) and at the beginning afterwards.
     pub fn open(
         source_name: &str,
         topic: &str,
         params: &KafkaParams,
         offsets: &HashMap<i32, i64>,
         only: Option<&[i32]>,
+        opts: KafkaOptions,
     ) -> Result<KafkaSource> {
         let err = |m: String| EtlError::source(source_name, m);
         let timeout = Duration::from_millis(params.timeout_ms as u64);
@@ -114,6 +128,11 @@ impl KafkaSource {
             // partitions evenly drains it in well under that, so the pause would starve the run.
             .set("queued.max.messages.kbytes", "16384")
             .set("fetch.queue.backoff.ms", "5");
+        if opts.follow {
+            // A continuous run waits for new messages: the broker answers a fetch as soon as
+            // data arrives, or after this long.
+            config.set("fetch.wait.max.ms", "100");
+        }
         for (k, v) in &params.properties {
             config.set(k, v);
         }
@@ -128,29 +147,11 @@ impl KafkaSource {
                 params.brokers, params.timeout_ms
             ))
         };
-        let metadata = consumer
-            .fetch_metadata(Some(topic), timeout)
-            .map_err(|e| unreachable(e, consumer.context()))?;
-        let Some(meta) = metadata.topics().iter().find(|t| t.name() == topic) else {
-            return Err(err(format!(
-                "topic '{topic}' does not exist on '{}'",
-                params.brokers
-            )));
-        };
-        if let Some(e) = meta.error() {
-            let code = RDKafkaErrorCode::from(e);
-            return Err(err(match code {
-                RDKafkaErrorCode::UnknownTopicOrPartition => {
-                    format!("topic '{topic}' does not exist on '{}'", params.brokers)
-                }
-                other => format!("topic '{topic}' on '{}': {other}", params.brokers),
-            }));
-        }
-        let mut ids: Vec<i32> = meta.partitions().iter().map(|p| p.id()).collect();
-        ids.sort_unstable();
-        if ids.is_empty() {
-            return Err(err(format!("topic '{topic}' has no partitions")));
-        }
+        let mut ids = partition_ids(&consumer, source_name, topic, &params.brokers, timeout)
+            .map_err(|e| match e {
+                PartitionsError::Kafka(k) => unreachable(k, consumer.context()),
+                PartitionsError::Other(m) => err(m),
+            })?;
         if let Some(only) = only {
             let missing: Vec<i32> = only.iter().copied().filter(|p| !ids.contains(p)).collect();
             if !missing.is_empty() {
@@ -161,71 +162,69 @@ impl KafkaSource {
             }
             ids.retain(|p| only.contains(p));
         }
-
-        let mut parts = Vec::with_capacity(ids.len());
-        let mut ends = Vec::with_capacity(ids.len());
+        let first_run = offsets.is_empty();
+        let by_time = match (first_run, opts.start) {
+            (true, Start::Time(t)) => Some(offsets_for_time(&consumer, topic, &ids, t, timeout)
+                .map_err(|e| err(format!(
+                    "cannot look up the offsets at start time {t} of topic '{topic}' on '{}' (the broker must support ListOffsets by timestamp): {e}",
+                    params.brokers
+                )))?),
+            _ => None,
+        };
+        let mut reader = Reader {
+            topic: topic.to_string(),
+            source_name: source_name.to_string(),
+            brokers: params.brokers.clone(),
+            consumer: Arc::clone(&consumer),
+            queues: Vec::new(),
+            parts: Vec::new(),
+            ends: Vec::new(),
+            next: Vec::new(),
+            eof_at: Vec::new(),
+            done: Vec::new(),
+            timeout,
+            follow: opts.follow,
+            last_commit: None,
+            only: only.map(<[i32]>::to_vec),
+        };
         let mut gaps = Vec::new();
         let mut assignment = TopicPartitionList::new();
-        for (idx, &p) in ids.iter().enumerate() {
+        for &p in &ids {
             let (low, high) = consumer
                 .fetch_watermarks(topic, p, timeout)
                 .map_err(|e| unreachable(e, consumer.context()))?;
             let start = match offsets.get(&p) {
                 Some(&next) if next < low => {
                     gaps.push(Gap {
-                        idx,
+                        partition: p,
                         from: next,
-                        to: low,
+                        message: format!(
+                            "messages at offsets {next} to {} were deleted by the broker (retention) before this job read them",
+                            low - 1
+                        ),
                     });
                     low
                 }
                 Some(&next) => next,
+                None if first_run => match opts.start {
+                    Start::Earliest => low,
+                    Start::Latest => high,
+                    Start::Time(_) => by_time
+                        .as_ref()
+                        .and_then(|m| m.get(&p).copied())
+                        .unwrap_or(high)
+                        .clamp(low, high),
+                },
                 None => low,
             };
-            assignment
-                .add_partition_offset(topic, p, Offset::Offset(start))
-                .map_err(|e| err(kafka_error(&e)))?;
-            parts.push(SourcePartition {
-                partition: p,
-                name: String::new(),
-                start_offset: start,
-            });
-            ends.push(high);
-        }
-        // Each partition gets its own queue before fetching starts, so no message lands in
-        // the consumer's main queue.
-        let mut queues = Vec::with_capacity(ids.len());
-        for &p in &ids {
-            queues.push(
-                PartitionBatches::split(&consumer, topic, p, BATCH)
-                    .ok_or_else(|| err(format!("cannot open a queue for partition {p}")))?,
-            );
+            reader.add(p, start, high, &mut assignment).map_err(err)?;
         }
         consumer
             .assign(&assignment)
             .map_err(|e| err(kafka_error(&e)))?;
-        let next = parts.iter().map(|p| p.start_offset).collect();
-        let done = parts
-            .iter()
-            .zip(&ends)
-            .map(|(p, &e)| p.start_offset >= e)
-            .collect();
         Ok(KafkaSource {
             gaps,
-            parts: parts.clone(),
-            reader: Some(Reader {
-                topic: topic.to_string(),
-                source_name: source_name.to_string(),
-                brokers: params.brokers.clone(),
-                consumer,
-                queues,
-                parts,
-                ends,
-                next,
-                done,
-                timeout,
-                last_commit: None,
-            }),
+            reader: Some(reader),
         })
     }
 
@@ -236,7 +235,107 @@ impl KafkaSource {
     }
 }
 
+enum PartitionsError {
+    Kafka(KafkaError),
+    Other(String),
+}
+
+/// The topic's partition ids, sorted.
+fn partition_ids(
+    consumer: &BaseConsumer<Context>,
+    source_name: &str,
+    topic: &str,
+    brokers: &str,
+    timeout: Duration,
+) -> std::result::Result<Vec<i32>, PartitionsError> {
+    let _ = source_name;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(PartitionsError::Kafka)?;
+    let Some(meta) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return Err(PartitionsError::Other(format!(
+            "topic '{topic}' does not exist on '{brokers}'"
+        )));
+    };
+    if let Some(e) = meta.error() {
+        let code = RDKafkaErrorCode::from(e);
+        return Err(PartitionsError::Other(match code {
+            RDKafkaErrorCode::UnknownTopicOrPartition => {
+                format!("topic '{topic}' does not exist on '{brokers}'")
+            }
+            other => format!("topic '{topic}' on '{brokers}': {other}"),
+        }));
+    }
+    let mut ids: Vec<i32> = meta.partitions().iter().map(|p| p.id()).collect();
+    ids.sort_unstable();
+    if ids.is_empty() {
+        return Err(PartitionsError::Other(format!(
+            "topic '{topic}' has no partitions"
+        )));
+    }
+    Ok(ids)
+}
+
+/// For each partition, the first offset whose timestamp is at or after `t` (None past the end).
+fn offsets_for_time(
+    consumer: &BaseConsumer<Context>,
+    topic: &str,
+    ids: &[i32],
+    t: i64,
+    timeout: Duration,
+) -> std::result::Result<HashMap<i32, i64>, String> {
+    let mut tpl = TopicPartitionList::new();
+    for &p in ids {
+        tpl.add_partition_offset(topic, p, Offset::Offset(t))
+            .map_err(|e| kafka_error(&e))?;
+    }
+    let got = consumer
+        .offsets_for_times(tpl, timeout)
+        .map_err(|e| kafka_error(&e))?;
+    let mut out = HashMap::new();
+    for e in got.elements() {
+        if let Err(err) = e.error() {
+            return Err(kafka_error(&err));
+        }
+        if let Offset::Offset(o) = e.offset() {
+            out.insert(e.partition(), o);
+        }
+    }
+    Ok(out)
+}
+
 impl Reader {
+    /// Takes partition `p` (reading from `start`) into the reader and the assignment.
+    fn add(
+        &mut self,
+        p: i32,
+        start: i64,
+        high: i64,
+        assignment: &mut TopicPartitionList,
+    ) -> std::result::Result<(), String> {
+        assignment
+            .add_partition_offset(&self.topic, p, Offset::Offset(start))
+            .map_err(|e| kafka_error(&e))?;
+        // The partition gets its own queue before fetching starts, so no message lands in the
+        // consumer's main queue.
+        self.queues.push(
+            PartitionBatches::split(&self.consumer, &self.topic, p, BATCH)
+                .ok_or_else(|| format!("cannot open a queue for partition {p}"))?,
+        );
+        self.parts.push(SourcePartition {
+            partition: p,
+            name: String::new(),
+            identity: String::new(),
+            start_offset: start,
+            gone: false,
+        });
+        self.ends.push(high);
+        self.next.push(start);
+        self.eof_at.push(None);
+        self.done.push(!self.follow && start >= high);
+        Ok(())
+    }
+
     fn stalled(&self, idx: usize) -> EtlError {
         let detail = self
             .consumer
@@ -257,16 +356,25 @@ impl Reader {
             ),
         )
     }
-}
 
-impl Reader {
     fn pull(&mut self, idx: usize, each: &mut dyn FnMut(&Message<'_>) -> bool) -> Result<Pull> {
         let mut waiting_since: Option<Instant> = None;
+        if self.follow {
+            // A continuous run looks again each time: the partition may have grown.
+            self.done[idx] = false;
+        }
         loop {
             if self.done[idx] {
                 return Ok(Pull::Exhausted);
             }
             if self.queues[idx].peek().is_none() && self.queues[idx].refill(0) == 0 {
+                if self.follow {
+                    // Nothing ready: the run waits between looks (Source::wait).
+                    if let Some(Err(e)) = self.consumer.poll(Duration::ZERO) {
+                        self.consumer.context().set_last_error(kafka_error(&e));
+                    }
+                    return Ok(Pull::Exhausted);
+                }
                 // Nothing fetched yet: serve librdkafka's callbacks (errors go to the context)
                 // and wait a little, up to the timeout overall.
                 let since = *waiting_since.get_or_insert_with(Instant::now);
@@ -283,9 +391,12 @@ impl Reader {
             let queue = &mut self.queues[idx];
             let Some(m) = queue.peek() else { continue };
             if let Some((code, text)) = m.error {
+                let offset = m.offset;
                 queue.advance();
                 if code == KAFKA_PARTITION_EOF {
-                    // The end of what the broker has (past control records or compacted gaps).
+                    // The end of what the broker has: its offset is past control records
+                    // (transaction markers) and compacted gaps.
+                    self.eof_at[idx] = Some(offset);
                     self.done[idx] = true;
                     continue;
                 }
@@ -297,7 +408,7 @@ impl Reader {
             let offset = m.offset;
             let timestamp = m.timestamp;
             self.next[idx] = offset + 1;
-            if self.next[idx] >= self.ends[idx] {
+            if !self.follow && self.next[idx] >= self.ends[idx] {
                 self.done[idx] = true;
             }
             let keep = each(&Message {
@@ -316,6 +427,42 @@ impl Reader {
                 });
             }
         }
+    }
+
+    /// Partitions added to the topic since the source opened, read from their beginning.
+    fn discover(&mut self) -> Result<usize> {
+        let ids = match partition_ids(
+            &self.consumer,
+            &self.source_name,
+            &self.topic,
+            &self.brokers,
+            self.timeout,
+        ) {
+            Ok(ids) => ids,
+            // A metadata request that fails now is tried again at the next look.
+            Err(_) => return Ok(0),
+        };
+        let mut assignment = TopicPartitionList::new();
+        let before = self.parts.len();
+        for p in ids {
+            if self.parts.iter().any(|q| q.partition == p)
+                || self.only.as_ref().is_some_and(|o| !o.contains(&p))
+            {
+                continue;
+            }
+            let (low, high) = self
+                .consumer
+                .fetch_watermarks(&self.topic, p, self.timeout)
+                .unwrap_or((0, 0));
+            self.add(p, low, high, &mut assignment)
+                .map_err(|e| EtlError::source(&self.source_name, e))?;
+        }
+        if self.parts.len() > before {
+            self.consumer
+                .incremental_assign(&assignment)
+                .map_err(|e| EtlError::source(&self.source_name, kafka_error(&e)))?;
+        }
+        Ok(self.parts.len() - before)
     }
 
     fn checkpointed(&mut self, next_offsets: &[(i32, i64)]) -> Result<()> {
@@ -337,11 +484,24 @@ impl Reader {
         }
         Ok(())
     }
+
+    fn end_offset(&self, idx: usize) -> Option<i64> {
+        let known = *self.ends.get(idx)?;
+        if !self.follow {
+            return Some(known);
+        }
+        // The high watermark librdkafka last saw in a fetch response (no request).
+        let p = self.parts.get(idx)?.partition;
+        Some(
+            kafka_batch::cached_high_watermark(&self.consumer, &self.topic, p)
+                .map_or(known, |high| high.max(known)),
+        )
+    }
 }
 
 impl Source for KafkaSource {
     fn partitions(&self) -> &[SourcePartition] {
-        &self.parts
+        self.reader.as_ref().map_or(&[], |r| &r.parts[..])
     }
 
     fn pull(&mut self, idx: usize, each: &mut dyn FnMut(&Message<'_>) -> bool) -> Result<Pull> {
@@ -349,15 +509,29 @@ impl Source for KafkaSource {
     }
 
     fn end_offset(&self, idx: usize) -> Option<i64> {
-        self.reader.as_ref().and_then(|r| r.ends.get(idx).copied())
+        self.reader.as_ref().and_then(|r| r.end_offset(idx))
     }
 
-    fn gaps(&self) -> &[Gap] {
-        &self.gaps
+    fn take_gaps(&mut self) -> Vec<Gap> {
+        std::mem::take(&mut self.gaps)
     }
 
     fn checkpointed(&mut self, next_offsets: &[(i32, i64)]) -> Result<()> {
         self.reader()?.checkpointed(next_offsets)
+    }
+
+    fn discover(&mut self) -> Result<usize> {
+        self.reader()?.discover()
+    }
+
+    fn wait(&mut self, timeout: Duration) {
+        std::thread::sleep(timeout.min(Duration::from_millis(50)));
+    }
+
+    fn position(&self, idx: usize) -> Option<i64> {
+        self.reader
+            .as_ref()
+            .and_then(|r| r.eof_at.get(idx).copied().flatten())
     }
 }
 

@@ -150,3 +150,26 @@ unsafe fn err_text(p: *const std::ffi::c_char) -> String {
     // SAFETY: librdkafka returns a static NUL-terminated string.
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
+
+/// The partition's high watermark as librdkafka last saw it in a fetch response, without a
+/// request to the broker (`rdkafka` only wraps the querying variant). None before any fetch.
+pub fn cached_high_watermark<C: ConsumerContext + 'static>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
+    let t = CString::new(topic).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the client pointer is valid while `consumer` is borrowed; `low` and `high` are
+    // valid for writes for the duration of the call, which does not retain them.
+    let err = unsafe {
+        rk::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            t.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rk::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
+}

@@ -52,6 +52,26 @@ class MockBroker:
                 self.proc.kill()
 
 
+class ClientMockBroker:
+    """librdkafka's mock cluster hosted by the confluent-kafka client in this process. Its
+    librdkafka (2.16) writes transaction markers, which the 2.12 mock of `tools/mock-kafka` does
+    not: the transactional tests use it. Topics are created on first use with 4 partitions."""
+    name = "mock-2.16"
+
+    def __init__(self, brokers=3):
+        from confluent_kafka import Producer
+
+        self.host = Producer({"test.mock.num.brokers": brokers})
+        md = self.host.list_topics(timeout=10)
+        self.bootstrap = ",".join(f"{b.host}:{b.port}" for b in md.brokers.values())
+
+    def create_topic(self, topic, partitions):
+        assert partitions <= 4, "the client-hosted mock creates topics with 4 partitions"
+
+    def stop(self):
+        self.host = None
+
+
 def tansu_binary():
     return shutil.which("tansu") or os.path.expanduser("~/.cargo/bin/tansu")
 

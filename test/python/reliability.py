@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import duckdb
@@ -488,4 +489,146 @@ print('ok')
         shutil.rmtree(d, ignore_errors=True)
 
 
-SCENARIOS = [kill_files, kill_kafka, kill_points, broker_faults, hostile_input, fuzz_decoder, hostile_state, forced_panic]
+# --- continuous jobs and production file layouts --------------------------------------------
+
+def accounting(con, messages):
+    """(lost, doubled, exact) by accounting alone: a continuous run's late/window split depends on
+    when data arrived, so there is no straight run to compare with; every message must still be
+    in exactly one window count, late_events row or dead_letters row."""
+    w = con.execute('SELECT coalesce(sum("count"), 0) FROM windows').fetchone()[0]
+    late = con.execute("SELECT count(*) FROM late_events").fetchone()[0]
+    dead = con.execute("SELECT count(*) FROM dead_letters").fetchone()[0]
+    total = w + late + dead
+    return max(0, messages - total), max(0, total - messages), total == messages
+
+
+def event(i, rng):
+    t = 1_000_000 + i * 10 - (rng.randrange(3000) if rng.random() < 0.05 else 0)
+    return json.dumps({"key": f"k{i % 50}", "event_time_ms": t, "payload": {"value": i % 97}})
+
+
+class Writer(threading.Thread):
+    """A producer that keeps writing while jobs are killed: appends to files, starts new hourly
+    files, rotates a log by renaming it (the writer finishes its batch on the renamed file, as a
+    process that reopens its log on a signal does), or produces to a Kafka topic."""
+
+    def __init__(self, messages, seconds, layout, d=None, broker=None, topic=None, seed=0):
+        super().__init__(daemon=True)
+        self.messages, self.seconds, self.layout = messages, seconds, layout
+        self.d, self.broker, self.topic = d, broker, topic
+        self.rng = random.Random(seed)
+        self.renames = 0
+        self.error = None
+
+    def run(self):
+        try:
+            self._run()
+        except Exception as e:  # reported by the scenario
+            self.error = e
+
+    def _run(self):
+        batch = 100
+        steps = self.messages // batch
+        pause = self.seconds / steps
+        producer = None
+        if self.broker:
+            from confluent_kafka import Producer
+            producer = Producer({"bootstrap.servers": self.broker.bootstrap, "linger.ms": 5, "enable.idempotence": False})
+        per_file = max(batch, self.messages // 8)
+        for step in range(steps):
+            lines = [event(step * batch + j, self.rng) for j in range(batch)]
+            if producer:
+                for j, line in enumerate(lines):
+                    producer.produce(self.topic, value=line, partition=(step * batch + j) % 4)
+                producer.poll(0)
+            elif self.layout == "append":
+                for q in range(4):
+                    self._append(f"p{q}.ndjson", lines[q::4])
+                if step == steps // 2:
+                    self._append("p4-new.ndjson", [])
+            elif self.layout == "hourly":
+                self._append(f"events-{step * batch // per_file:02d}.ndjson", lines)
+            elif self.layout == "rotate":
+                app = os.path.join(self.d, "app.ndjson")
+                with open(app, "a") as f:
+                    if step and step * batch % per_file == 0:
+                        self.renames += 1
+                        os.rename(app, os.path.join(self.d, f"app.ndjson.{self.renames}"))
+                    f.write("".join(line + "\n" for line in lines))
+            time.sleep(pause)
+        if producer:
+            assert producer.flush(60) == 0
+
+    def _append(self, name, lines):
+        with open(os.path.join(self.d, name), "a") as f:
+            f.write("".join(line + "\n" for line in lines))
+
+
+def kill_while_writing(name, layout, topic, named, scale, broker=None):
+    messages, seconds = (20_000, 6) if scale == "short" else (200_000, 40)
+    d = workdir(name)
+    data = os.path.join(d, "data")
+    os.makedirs(data)
+    if layout == "append":
+        for q in range(4):
+            open(os.path.join(data, f"p{q}.ndjson"), "w").close()
+    if layout == "rotate":
+        open(os.path.join(data, "app.ndjson"), "w").close()
+    if layout == "hourly":
+        open(os.path.join(data, "events-00.ndjson"), "w").close()
+    topic = topic.replace("{data}", data)
+    try:
+        w = Writer(messages, seconds, layout, d=data, broker=broker, topic=topic, seed=len(name))
+        db = os.path.join(d, "killed.duckdb")
+        rng = random.Random(7)
+        w.start()
+        kills = 0
+        while w.is_alive():
+            p = subprocess.Popen([sys.executable, CHILD, db, topic, str(WINDOW), str(LATENESS), *named,
+                                  "checkpoint_interval_ms=50", "--announce"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            p.stdout.readline()
+            time.sleep(rng.uniform(0.05, 0.8))
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                kills += 1
+            _, err = p.communicate()
+            assert p.returncode in (0, -signal.SIGKILL), err.decode()[-2000:]
+        w.join()
+        assert w.error is None, w.error
+        bounded = [n.replace("=", " := ", 1) for n in named if not n.startswith("follow")]
+        con = finish(db, topic, *bounded)
+        lost, doubled, exact = accounting(con, messages)
+        note = f"{kills} kills while writing for {seconds}s" + (f", {w.renames} renames" if w.renames else "")
+        return row(name, kills, messages, lost, doubled, exact, db + ".streaming_etl.sqlite", note)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def kill_follow_files(scale):
+    return kill_while_writing("SIGKILL of follow runs while lines and a new file are written (files)", "append",
+                              "file:{data}/*.ndjson", ["follow=true"], scale)
+
+
+def kill_follow_kafka(scale):
+    broker = MockBroker()
+    try:
+        broker.create_topic("live", 4)
+        return kill_while_writing("SIGKILL of follow runs while a producer writes (Kafka)", "kafka", "live",
+                                  ["follow=true", f"brokers='{broker.bootstrap}'"], scale, broker=broker)
+    finally:
+        broker.stop()
+
+
+def kill_rotation(scale):
+    return kill_while_writing("SIGKILL during log rotation by rename (follow)", "rotate",
+                              "file:{data}/app.ndjson*", ["follow=true"], scale)
+
+
+def kill_hourly(scale):
+    return kill_while_writing("SIGKILL while new hourly files appear (rolling rule)", "hourly",
+                              "file:{data}/events-*.ndjson", ["files='rolling'", "follow=true"], scale)
+
+
+SCENARIOS = [kill_files, kill_kafka, kill_points, kill_follow_files, kill_follow_kafka, kill_rotation, kill_hourly,
+             broker_faults, hostile_input, fuzz_decoder, hostile_state, forced_panic]

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from brokers import MockBroker, TansuBroker, committed, produce, tansu_binary
+from brokers import ClientMockBroker, MockBroker, TansuBroker, committed, produce, tansu_binary
 from conftest import HERE, connect
 
 SKEW = sorted(glob.glob("test/data/skew/*.ndjson"))
@@ -321,3 +321,117 @@ def test_record_timestamps_as_event_time(broker):
     # The job remembers that it reads record timestamps.
     with pytest.raises(Exception, match="was checkpointed with kafka_timestamp = true"):
         run(con, topic, broker.bootstrap, lateness=0)
+
+
+@pytest.fixture(params=["mock-2.16", "tansu"])
+def txn_broker(request):
+    if request.param == "tansu":
+        yield request.getfixturevalue("tansu")
+        return
+    b = ClientMockBroker()
+    yield b
+    b.stop()
+
+
+def test_a_transactional_topic_ends_with_lag_0(txn_broker):
+    """Committed and aborted transactions: after the partition's end, the checkpoint's next
+    offset is past the final commit marker, so lag is 0 (not 1 forever), and a next run reads
+    nothing. (The aborted transaction's messages are never sent here: the mock broker does not
+    filter aborted messages for read_committed consumers, a real broker does.)"""
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+    broker = txn_broker
+    topic = topic_name()
+    broker.create_topic(topic, 2)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "tx-" + topic,
+                  "transaction.timeout.ms": 10000, "linger.ms": 5000})
+    try:
+        p.init_transactions(20)
+        p.begin_transaction()
+        for i in range(10):
+            p.produce(topic, value=json.dumps({"key": "committed", "event_time_ms": i * 100, "payload": {"value": 1}}), partition=0)
+        p.commit_transaction(20)
+        p.begin_transaction()
+        for i in range(5):
+            p.produce(topic, value=json.dumps({"key": "aborted", "event_time_ms": i * 100, "payload": {"value": 100}}), partition=i % 2)
+        p.abort_transaction(20)
+        p.begin_transaction()
+        for i in range(7):
+            p.produce(topic, value=json.dumps({"key": "committed", "event_time_ms": 1000 + i * 100, "payload": {"value": 1}}), partition=i % 2)
+        p.commit_transaction(20)
+    except KafkaException as e:
+        if "not supported by broker" in str(e):
+            pytest.skip(f"{broker.name} does not support transactions: {e}")
+        raise
+    con = connect()
+    stats = run(con, topic, broker.bootstrap, "flush := true", lateness=0)[-1]
+    assert stats[1] == 17 and stats[4] == 0, stats
+    assert con.execute("SELECT key, sum(count), sum(sum_value) FROM windows GROUP BY 1").fetchall() == [("committed", 17, 17.0)]
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "probe-" + topic})
+    try:
+        highs = {q: c.get_watermark_offsets(TopicPartition(topic, q), timeout=20)[1] for q in range(2)}
+    finally:
+        c.close()
+    rows = con.execute("SELECT partition, next_offset, end_offset, lag FROM streaming_etl_checkpoint() WHERE partition < 2 ORDER BY 1").fetchall()
+    assert rows == [(q, highs[q], highs[q], 0) for q in range(2)], (rows, highs)
+    # The markers are there: the ends are past the 10 + 4 and 3 data messages.
+    assert highs[0] > 14 and highs[1] > 3, highs
+    # The next run reads nothing and stays at lag 0.
+    assert run(con, topic, broker.bootstrap, lateness=0)[-1][1] == 0
+    assert con.execute("SELECT max(lag) FROM streaming_etl_checkpoint()").fetchone()[0] == 0
+
+
+def test_follow_reads_messages_as_they_arrive(broker):
+    """follow := true on a topic: messages produced while the run goes on are read; closed
+    windows and the checkpoint's lag are visible from other connections during the run; the
+    run stops at max_runtime_ms with every message in exactly one place."""
+    from test_follow import Background, totals, wait_for
+
+    topic = topic_name()
+    broker.create_topic(topic, 2)
+
+    def step_lines(step):
+        return [[json.dumps({"key": f"p{q}", "event_time_ms": step * 1000 + i * 100, "payload": {"value": 1}})
+                 for i in range(10)] for q in range(2)]
+
+    produce(broker.bootstrap, topic, step_lines(0))
+    con = connect()
+    watcher = con.cursor()
+    run_ = Background(con.cursor(), f"""SELECT * FROM streaming_etl_run('{topic}', 1000, 0, brokers := '{broker.bootstrap}',
+        follow := true, max_runtime_ms := 15000, checkpoint_interval_ms := 200)""")
+    wait_for(lambda: watcher.execute("SELECT count(*) FROM streaming_etl_checkpoint()").fetchone()[0] == 2)
+    for step in range(1, 5):
+        produce(broker.bootstrap, topic, step_lines(step))
+        wait_for(lambda: watcher.execute("SELECT max(window_end_ms) FROM windows").fetchone()[0] == step * 1000)
+        assert run_.thread.is_alive()
+    wait_for(lambda: watcher.execute("SELECT sum(next_offset) FROM streaming_etl_checkpoint()").fetchone()[0] == 100)
+    assert watcher.execute("SELECT max(lag) FROM streaming_etl_checkpoint()").fetchone()[0] == 0
+    rows = run_.join(timeout=60)
+    assert rows[-1][1] == 100 and rows[-1][-1] == "max_runtime" and len(rows) > 5
+    con.execute(f"SELECT * FROM streaming_etl_run('{topic}', 1000, 0, brokers := '{broker.bootstrap}', flush := true)").fetchall()
+    assert totals(con) == (100, 0, 0)
+
+
+def test_start_latest_and_at_a_point_in_time(broker):
+    from confluent_kafka import Producer
+
+    topic = topic_name()
+    broker.create_topic(topic, 2)
+    base = 1_700_000_000_000
+    p = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": False})
+    for i in range(20):
+        p.produce(topic, value=json.dumps({"key": "old", "event_time_ms": base + i * 1000}), partition=i % 2,
+                  timestamp=base + i * 1000)
+    assert p.flush(30) == 0
+    con = connect()
+    # 'latest': the first run starts at the end; what is produced after it is read.
+    assert run(con, topic, broker.bootstrap, "start := 'latest'", "job := 'latest'")[-1][1] == 0
+    produce(broker.bootstrap, topic, [[json.dumps({"key": "new", "event_time_ms": base + 50_000})]] * 2)
+    assert run(con, topic, broker.bootstrap, "start := 'latest'", "job := 'latest'")[-1][1] == 2
+    # 'earliest' (the default) reads everything.
+    assert run(con, topic, broker.bootstrap, "job := 'earliest'")[-1][1] == 22
+    # A point in time: the offsets for the records' timestamps (epoch ms or ISO 8601).
+    if broker.name == "mock":
+        pytest.skip("librdkafka's mock cluster does not look up offsets for times")
+    assert run(con, topic, broker.bootstrap, f"start := '{base + 10_000}'", "job := 'by-ms'")[-1][1] == 12
+    assert run(con, topic, broker.bootstrap, "start := '2023-11-14 22:13:30'", "job := 'by-iso'")[-1][1] == 12

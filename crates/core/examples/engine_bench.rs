@@ -3,14 +3,14 @@
 //!
 //! usage: engine_bench <glob> [window_ms] [lateness_ms] [hop_ms]
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use streaming_etl_core::decode::FieldPath;
 use streaming_etl_core::pipeline::{
-    read_cycle, CycleLimits, Engine, EngineConfig, PartitionProgress, Restored, Stop, TimeSpec,
+    read_cycle, CycleLimits, Engine, EngineConfig, PartitionProgress, ReadState, Restored, Stop,
+    TimeSpec,
 };
-use streaming_etl_core::source::file::FileSource;
+use streaming_etl_core::source::file::{FileOptions, FileSource};
 use streaming_etl_core::source::Source;
 use streaming_etl_core::state::Batch;
 use streaming_etl_core::watermark::{PartitionClock, NO_WATERMARK};
@@ -24,7 +24,7 @@ fn main() {
     let window_ms = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000);
     let lateness_ms = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(200);
     let hop_ms: Option<i64> = args.get(4).and_then(|a| a.parse().ok());
-    let mut source = match FileSource::open("bench", glob, &[], &HashMap::new(), None) {
+    let mut source = match FileSource::open("bench", glob, &[], None, FileOptions::default()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("{e}");
@@ -66,7 +66,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let mut exhausted = vec![false; source.partitions().len()];
+    let mut state = ReadState::new(source.partitions().len());
     let mut batch = Batch::new(&cfg.schemas());
     let (mut windows, mut late, mut dead) = (0usize, 0usize, 0usize);
     let start = Instant::now();
@@ -77,9 +77,12 @@ fn main() {
             cycle_deadline: Instant::now() + Duration::from_secs(1),
             run_deadline: None,
             max_pending_rows: 500_000,
+            follow: false,
+            rolling: false,
+            quiet_flush_ms: None,
         };
-        let stop = read_cycle(&mut engine, &mut source, &mut exhausted, &limits, &|| 0)
-            .unwrap_or_else(|e| {
+        let stop =
+            read_cycle(&mut engine, &mut source, &mut state, &limits, &|| 0).unwrap_or_else(|e| {
                 eprintln!("{e}");
                 std::process::exit(1)
             });

@@ -385,14 +385,47 @@ impl Engine {
         }
     }
 
-    /// Records offsets the source can no longer deliver (deleted by retention before the job
-    /// read them), so that they are visible as a dead letter instead of silently skipped.
-    pub fn record_gap(&mut self, idx: usize, from: i64, to: i64) {
-        let error = format!(
-            "messages at offsets {from} to {} were deleted by the broker (retention) before this job read them",
-            to - 1
-        );
-        self.push_dead(self.partitions[idx], from, &[], &error);
+    /// Records data the source cannot deliver (see `source::Gap`), so that it is visible as
+    /// a dead letter instead of silently skipped.
+    pub fn record_gap(&mut self, partition: i32, from: i64, message: &str) {
+        self.push_dead(partition, from, &[], message);
+    }
+
+    /// A partition that appeared during the run (a new file, a partition added to a topic).
+    pub fn add_partition(&mut self, p: PartitionProgress) {
+        self.partitions.push(p.partition);
+        self.next_offsets.push(p.next_offset);
+        if self.marks.add(p.clock) {
+            self.close_windows();
+        }
+    }
+
+    /// Takes partition `idx` out of the global watermark for good (a rolling file followed by
+    /// a later one).
+    pub fn release(&mut self, idx: usize) {
+        if self.marks.release(idx) {
+            self.close_windows();
+        }
+    }
+
+    pub fn is_released(&self, idx: usize) -> bool {
+        self.marks.clocks().get(idx).is_some_and(|c| c.released)
+    }
+
+    /// The opt-in rule for a stream that went completely quiet: once no partition has
+    /// delivered for `quiet_ms` of wall clock, every open window is closed (as `flush` does).
+    /// Returns whether it did.
+    pub fn flush_if_quiet(&mut self, quiet_ms: i64) -> bool {
+        if self.open_windows() > 0 && self.marks.all_quiet(self.now_ms, quiet_ms) {
+            self.flush();
+            return true;
+        }
+        false
+    }
+
+    /// The largest event time a partition has delivered.
+    pub fn max_event_time_ms(&self, idx: usize) -> Option<i64> {
+        self.marks.max_event_time_ms(idx)
     }
 
     fn dead(&mut self, partition: i32, msg: &Message<'_>, r: Reject) {

@@ -51,6 +51,10 @@ pub enum EtlError {
     #[error("streaming_etl has no connection to this database any more (it was being closed); open it again and LOAD streaming_etl")]
     Detached,
 
+    /// DuckDB's sandbox (`enable_external_access = false`) does not allow what the call asked for.
+    #[error("access denied: {0}")]
+    Denied(String),
+
     /// A bug: an internal invariant did not hold. Reported, never a panic into DuckDB.
     #[error("internal error: {0}")]
     Internal(String),

@@ -7,7 +7,7 @@
 //! checkpointed state alone: a run that is stopped or killed and resumed processes the same
 //! messages in the same order as a straight run, and so classifies the same events as late.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub use crate::engine::{
     Counters, Engine, EngineConfig, PartitionProgress, Restored, TimeSpec, WindowKind,
@@ -27,7 +27,7 @@ pub enum Stop {
     MaxRuntime,
 }
 
-/// Bounds of one cycle of reading.
+/// Bounds of one cycle of reading, and how the run reads.
 pub struct CycleLimits {
     /// Messages the run may still consume.
     pub remaining_messages: u64,
@@ -37,6 +37,13 @@ pub struct CycleLimits {
     pub run_deadline: Option<Instant>,
     /// The cycle ends once this many late/dead rows are waiting (bounds memory).
     pub max_pending_rows: usize,
+    /// Keep reading what arrives instead of stopping when caught up.
+    pub follow: bool,
+    /// Rolling files: a caught-up partition stops holding the watermark back once a partition
+    /// that sorts after it (by name) has delivered data.
+    pub rolling: bool,
+    /// Once every partition has been silent this long (wall clock), close every open window.
+    pub quiet_flush_ms: Option<i64>,
 }
 
 impl CycleLimits {
@@ -50,18 +57,110 @@ impl CycleLimits {
             None
         }
     }
+
+    fn next_deadline(&self) -> Instant {
+        match self.run_deadline {
+            Some(r) => r.min(self.cycle_deadline),
+            None => self.cycle_deadline,
+        }
+    }
 }
 
 /// How often (in messages) the clock is read while one partition delivers.
 const CLOCK_EVERY: u32 = 2048;
 /// How often (in pulls) the clock is read while the reader moves between partitions.
 const PULLS_PER_CLOCK: u32 = 16;
+/// A continuous run waits at most this long at a time for more to read.
+const WAIT: Duration = Duration::from_millis(50);
+/// A continuous run looks for new partitions (files, topic partitions) this often.
+const DISCOVER_EVERY: Duration = Duration::from_millis(1000);
+
+/// What the reader keeps between the cycles of a run.
+#[derive(Debug, Clone)]
+pub struct ReadState {
+    /// Partitions caught up in this look (a continuous run looks again after a wait).
+    pub exhausted: Vec<bool>,
+    /// When the source was last asked for new partitions.
+    last_discover: Instant,
+}
+
+impl ReadState {
+    pub fn new(partitions: usize) -> ReadState {
+        ReadState {
+            exhausted: vec![false; partitions],
+            last_discover: Instant::now(),
+        }
+    }
+
+    /// Continuous runs: asks the source for new partitions when it is time to.
+    fn discover_due(
+        &mut self,
+        engine: &mut Engine,
+        source: &mut dyn Source,
+        now_ms: i64,
+    ) -> Result<()> {
+        if self.last_discover.elapsed() >= DISCOVER_EVERY {
+            self.last_discover = Instant::now();
+            discover(engine, source, &mut self.exhausted, now_ms)?;
+        }
+        Ok(())
+    }
+}
+
+/// Records what the source could not deliver as dead letters.
+fn absorb_gaps(engine: &mut Engine, source: &mut dyn Source) {
+    for g in source.take_gaps() {
+        engine.record_gap(g.partition, g.from, &g.message);
+    }
+}
+
+/// Rolling files: releases every caught-up partition that a later one (by name) has followed.
+fn release_followed(engine: &mut Engine, source: &dyn Source, exhausted: &[bool]) {
+    let parts = source.partitions();
+    let Some(latest) = (0..parts.len())
+        .filter(|&i| engine.max_event_time_ms(i).is_some())
+        .map(|i| parts[i].name.as_str())
+        .max()
+    else {
+        return;
+    };
+    let latest = latest.to_string();
+    for (i, p) in parts.iter().enumerate() {
+        if (exhausted.get(i).copied().unwrap_or(false) || p.gone)
+            && !engine.is_released(i)
+            && p.name.as_str() < latest.as_str()
+        {
+            engine.release(i);
+        }
+    }
+}
+
+/// Adds the partitions the source found since (continuous runs).
+fn discover(
+    engine: &mut Engine,
+    source: &mut dyn Source,
+    exhausted: &mut Vec<bool>,
+    now_ms: i64,
+) -> Result<()> {
+    if source.discover()? > 0 {
+        for p in &source.partitions()[exhausted.len()..] {
+            engine.add_partition(PartitionProgress {
+                partition: p.partition,
+                next_offset: p.start_offset,
+                clock: crate::watermark::PartitionClock::new(None, now_ms),
+            });
+        }
+        exhausted.resize(source.partitions().len(), false);
+    }
+    absorb_gaps(engine, source);
+    Ok(())
+}
 
 /// Reads from the source into the engine until the cycle or the run is over.
 pub fn read_cycle(
     engine: &mut Engine,
     source: &mut dyn Source,
-    exhausted: &mut [bool],
+    state: &mut ReadState,
     limits: &CycleLimits,
     wall_ms: &dyn Fn() -> i64,
 ) -> Result<Stop> {
@@ -79,7 +178,12 @@ pub fn read_cycle(
         // partition comes first.
         let mut best: Option<(i64, usize)> = None;
         let mut second: Option<(i64, usize)> = None;
-        for (idx, _) in exhausted.iter().enumerate().filter(|(_, &done)| !done) {
+        for (idx, _) in state
+            .exhausted
+            .iter()
+            .enumerate()
+            .filter(|(_, &done)| !done)
+        {
             let k = engine.order_key(idx);
             if best.is_none_or(|b| k < b) {
                 second = best;
@@ -89,7 +193,26 @@ pub fn read_cycle(
             }
         }
         let Some((_, idx)) = best else {
-            return Ok(Stop::CaughtUp);
+            // Every partition is caught up.
+            absorb_gaps(engine, source);
+            if limits.rolling {
+                release_followed(engine, source, &state.exhausted);
+            }
+            engine.set_now(wall_ms());
+            if let Some(q) = limits.quiet_flush_ms {
+                engine.flush_if_quiet(q);
+            }
+            if !limits.follow {
+                return Ok(Stop::CaughtUp);
+            }
+            let now = Instant::now();
+            if let Some(s) = limits.deadline_passed(now) {
+                return Ok(s);
+            }
+            source.wait(WAIT.min(limits.next_deadline().saturating_duration_since(now)));
+            state.discover_due(engine, source, wall_ms())?;
+            state.exhausted.fill(false);
+            continue;
         };
         let mut first = true;
         let pulled = source.pull(idx, &mut |msg: &Message<'_>| {
@@ -123,7 +246,11 @@ pub fn read_cycle(
             second.is_none_or(|s| engine.order_key(idx) < s)
         })?;
         if pulled == Pull::Exhausted {
-            exhausted[idx] = true;
+            state.exhausted[idx] = true;
+            absorb_gaps(engine, source);
+            if limits.rolling {
+                release_followed(engine, source, &state.exhausted);
+            }
         }
         if let Some(s) = stop {
             return Ok(s);
@@ -137,6 +264,10 @@ pub fn read_cycle(
         pulls = 0;
         if let Some(s) = limits.deadline_passed(Instant::now()) {
             return Ok(s);
+        }
+        if limits.follow {
+            // A run that never catches up still sees new files and partitions.
+            state.discover_due(engine, source, wall_ms())?;
         }
     }
 }
@@ -154,7 +285,6 @@ mod tests {
     use crate::source::memory::MemorySource;
     use crate::state::Batch;
     use crate::watermark::PartitionClock;
-    use std::time::Duration;
 
     fn config(window: i64, lateness: i64) -> EngineConfig {
         let p = |s: &str| FieldPath::parse(s).unwrap();
@@ -212,6 +342,9 @@ mod tests {
             cycle_deadline: Instant::now() + Duration::from_secs(3600),
             run_deadline: None,
             max_pending_rows: usize::MAX,
+            follow: false,
+            rolling: false,
+            quiet_flush_ms: None,
         }
     }
 
@@ -229,15 +362,9 @@ mod tests {
         loop {
             let starts: Vec<i64> = eng.progress().iter().map(|p| p.next_offset).collect();
             let mut src = MemorySource::new(data.to_vec(), &starts);
-            let mut exhausted = vec![false; data.len()];
-            let stop = read_cycle(
-                &mut eng,
-                &mut src,
-                &mut exhausted,
-                &limits(stop_every),
-                &|| 0,
-            )
-            .unwrap();
+            let mut state = ReadState::new(data.len());
+            let stop =
+                read_cycle(&mut eng, &mut src, &mut state, &limits(stop_every), &|| 0).unwrap();
             if stop == Stop::CaughtUp && flush {
                 eng.flush();
             }
@@ -291,12 +418,13 @@ mod tests {
         let mut eng = engine(2, 1000, 0);
         let mut src = MemorySource::new(vec![p0.clone(), vec![]], &[0, 0]);
         // Only partition 0 is readable in this first run: nothing may close or be late.
-        let mut exhausted = vec![false, true];
-        read_cycle(&mut eng, &mut src, &mut exhausted, &limits(u64::MAX), &|| 0).unwrap();
+        let mut state = ReadState::new(2);
+        state.exhausted[1] = true;
+        read_cycle(&mut eng, &mut src, &mut state, &limits(u64::MAX), &|| 0).unwrap();
         assert_eq!(eng.output().windows.len(), 0);
         let mut src = MemorySource::new(vec![p0, p1], &[50, 0]);
-        let mut exhausted = vec![false, false];
-        read_cycle(&mut eng, &mut src, &mut exhausted, &limits(u64::MAX), &|| 0).unwrap();
+        let mut state = ReadState::new(2);
+        read_cycle(&mut eng, &mut src, &mut state, &limits(u64::MAX), &|| 0).unwrap();
         assert_eq!(eng.counters().late_events, 0);
         assert_eq!(eng.counters().events_consumed, 100);
     }
@@ -311,7 +439,14 @@ mod tests {
         ];
         let mut eng = engine(1, 1000, 200);
         let mut src = MemorySource::new(vec![p0], &[0]);
-        read_cycle(&mut eng, &mut src, &mut [false], &limits(u64::MAX), &|| 0).unwrap();
+        read_cycle(
+            &mut eng,
+            &mut src,
+            &mut ReadState::new(1),
+            &limits(u64::MAX),
+            &|| 0,
+        )
+        .unwrap();
         let out = eng.output();
         let late = out.late.to_vec();
         assert_eq!(late.len(), 1);
@@ -331,7 +466,14 @@ mod tests {
         let p0 = vec![ev("a", 2200, 1.0), ev("a", 1999, 1.0)];
         let mut eng = engine(1, 1000, 200);
         let mut src = MemorySource::new(vec![p0], &[0]);
-        read_cycle(&mut eng, &mut src, &mut [false], &limits(u64::MAX), &|| 0).unwrap();
+        read_cycle(
+            &mut eng,
+            &mut src,
+            &mut ReadState::new(1),
+            &limits(u64::MAX),
+            &|| 0,
+        )
+        .unwrap();
         assert_eq!(
             eng.counters().late_events,
             1,
@@ -349,7 +491,14 @@ mod tests {
         ];
         let mut eng = engine(1, 1000, 0);
         let mut src = MemorySource::new(vec![p0], &[0]);
-        read_cycle(&mut eng, &mut src, &mut [false], &limits(u64::MAX), &|| 0).unwrap();
+        read_cycle(
+            &mut eng,
+            &mut src,
+            &mut ReadState::new(1),
+            &limits(u64::MAX),
+            &|| 0,
+        )
+        .unwrap();
         let reasons: Vec<_> = eng
             .output()
             .dead
@@ -373,7 +522,14 @@ mod tests {
     fn flush_closes_everything_and_raises_the_watermark() {
         let mut eng = engine(1, 1000, 0);
         let mut src = MemorySource::new(vec![vec![ev("a", 100, 1.0), ev("b", 2500, 2.0)]], &[0]);
-        read_cycle(&mut eng, &mut src, &mut [false], &limits(u64::MAX), &|| 0).unwrap();
+        read_cycle(
+            &mut eng,
+            &mut src,
+            &mut ReadState::new(1),
+            &limits(u64::MAX),
+            &|| 0,
+        )
+        .unwrap();
         eng.flush();
         assert_eq!(eng.output().windows.len(), 2);
         assert_eq!(eng.watermark_ms(), 3000);

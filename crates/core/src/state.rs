@@ -81,12 +81,16 @@ pub struct PartitionState {
     pub partition: i32,
     /// What the partition is: the file's absolute path for the file source, empty for Kafka.
     pub name: String,
+    /// A file's device and inode (it keeps its partition when renamed); empty for Kafka.
+    pub identity: String,
     pub next_offset: i64,
     pub max_event_time_ms: Option<i64>,
     /// Wall clock (epoch ms) of the last delivery, or of when the job first saw the partition.
     pub last_delivery_ms: i64,
     /// The end offset the source last reported (file size, Kafka high watermark).
     pub end_offset: Option<i64>,
+    /// '' (read), 'released' (rolling files: no longer holds the watermark back) or 'deleted'.
+    pub status: String,
 }
 
 /// The shapes of a job's three output tables.

@@ -16,6 +16,8 @@ pub struct PartitionClock {
     /// Wall-clock time (epoch ms) of its last delivery, or of when the job first saw it.
     pub last_delivery_ms: i64,
     pub idle: bool,
+    /// For good out of the global watermark (a rolling file that a later file followed).
+    pub released: bool,
 }
 
 impl PartitionClock {
@@ -24,7 +26,13 @@ impl PartitionClock {
             max_event_time_ms,
             last_delivery_ms,
             idle: false,
+            released: false,
         }
+    }
+
+    /// Whether it holds the global watermark back.
+    fn counts(&self) -> bool {
+        !self.idle && !self.released
     }
 }
 
@@ -80,8 +88,8 @@ impl Watermarks {
         let c = &mut self.clocks[idx];
         let held_minimum = match c.max_event_time_ms {
             Some(m) if m >= event_time_ms => return false,
-            Some(m) => !c.idle && m.saturating_sub(lateness) <= active_min,
-            None => !c.idle,
+            Some(m) => c.counts() && m.saturating_sub(lateness) <= active_min,
+            None => c.counts(),
         };
         c.max_event_time_ms = Some(event_time_ms);
         held_minimum && self.recompute()
@@ -112,7 +120,7 @@ impl Watermarks {
             .clocks
             .iter()
             .enumerate()
-            .filter(|(_, c)| !c.idle && now_ms.saturating_sub(c.last_delivery_ms) >= timeout)
+            .filter(|(_, c)| c.counts() && now_ms.saturating_sub(c.last_delivery_ms) >= timeout)
             .map(|(i, c)| (c.last_delivery_ms, i))
             .collect();
         newly.sort_unstable();
@@ -135,9 +143,36 @@ impl Watermarks {
         self.global_ms = self.global_ms.max(ms);
     }
 
+    /// A partition that appeared during the run (it holds the watermark back until it
+    /// delivers, as every partition does).
+    pub fn add(&mut self, clock: PartitionClock) -> bool {
+        self.clocks.push(clock);
+        self.recompute()
+    }
+
+    /// Takes partition `idx` out of the global watermark for good; returns whether it advanced.
+    pub fn release(&mut self, idx: usize) -> bool {
+        match self.clocks.get_mut(idx) {
+            Some(c) if !c.released => {
+                c.released = true;
+                self.recompute()
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether every partition has been silent for `quiet_ms` of wall clock at `now_ms`.
+    pub fn all_quiet(&self, now_ms: i64, quiet_ms: i64) -> bool {
+        !self.clocks.is_empty()
+            && self
+                .clocks
+                .iter()
+                .all(|c| now_ms.saturating_sub(c.last_delivery_ms) >= quiet_ms)
+    }
+
     fn recompute(&mut self) -> bool {
         let mut min = None::<i64>;
-        for c in self.clocks.iter().filter(|c| !c.idle) {
+        for c in self.clocks.iter().filter(|c| c.counts()) {
             let pw = c
                 .max_event_time_ms
                 .map_or(NO_WATERMARK, |m| m.saturating_sub(self.lateness_ms));
@@ -253,6 +288,27 @@ mod tests {
         assert_eq!(w.global_ms(), 100);
         w.refresh_idle(1_000);
         assert_eq!(w.global_ms(), 100);
+    }
+
+    #[test]
+    fn released_partitions_stop_holding_it_back_for_good() {
+        let mut w = marks(2, 0);
+        w.observe(0, 100);
+        w.observe(1, 5_000);
+        assert_eq!(w.global_ms(), 100);
+        assert!(w.release(0));
+        assert_eq!(w.global_ms(), 5_000);
+        // A late line of the released file does not hold it back again.
+        w.delivered(0, 1);
+        w.observe(0, 150);
+        w.observe(1, 6_000);
+        assert_eq!(w.global_ms(), 6_000);
+        // A partition that appears later holds it back until it delivers.
+        assert!(!w.add(PartitionClock::new(None, 0)));
+        w.observe(1, 7_000);
+        assert_eq!(w.global_ms(), 6_000);
+        w.observe(2, 6_500);
+        assert_eq!(w.global_ms(), 6_500);
     }
 
     #[test]

@@ -44,6 +44,8 @@ CREATE TABLE IF NOT EXISTS partitions (
   last_delivery_ms INTEGER NOT NULL,
   end_offset INTEGER,
   updated_ms INTEGER NOT NULL,
+  identity TEXT NOT NULL DEFAULT '',
+  status TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (job, partition));
 CREATE TABLE IF NOT EXISTS outbox (
   job TEXT NOT NULL,
@@ -57,7 +59,11 @@ CREATE TABLE IF NOT EXISTS outbox (
 ";
 
 /// Columns added after version 0.1, added to older checkpoints when they are opened.
-const ADDED_COLUMNS: &[(&str, &str, &str)] = &[("jobs", "settings", "TEXT NOT NULL DEFAULT ''")];
+const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
+    ("jobs", "settings", "TEXT NOT NULL DEFAULT ''"),
+    ("partitions", "identity", "TEXT NOT NULL DEFAULT ''"),
+    ("partitions", "status", "TEXT NOT NULL DEFAULT ''"),
+];
 
 /// A job as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,6 +114,8 @@ pub struct CheckpointRow {
     pub window_ms: i64,
     pub lateness_ms: i64,
     pub last_update_ms: i64,
+    /// '' (read), 'released' or 'deleted' (see `PartitionState::status`).
+    pub status: Option<String>,
 }
 
 /// An open checkpoint. Clones share the connection (the in-memory checkpoint of an in-memory
@@ -257,7 +265,8 @@ impl Checkpoint {
         };
         let mut stmt = db
             .prepare(
-                "SELECT partition, name, next_offset, max_event_time_ms, last_delivery_ms, end_offset
+                "SELECT partition, name, next_offset, max_event_time_ms, last_delivery_ms, end_offset,
+                        identity, status
                  FROM partitions WHERE job = ?1 ORDER BY partition",
             )
             .map_err(&err)?;
@@ -270,6 +279,8 @@ impl Checkpoint {
                     max_event_time_ms: r.get(3)?,
                     last_delivery_ms: r.get(4)?,
                     end_offset: r.get(5)?,
+                    identity: r.get(6)?,
+                    status: r.get(7)?,
                 })
             })
             .map_err(&err)?
@@ -345,12 +356,13 @@ impl Checkpoint {
         {
             let mut up = tx
                 .prepare_cached(
-                    "INSERT INTO partitions (job, partition, name, next_offset, max_event_time_ms, last_delivery_ms, end_offset, updated_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                    "INSERT INTO partitions (job, partition, name, next_offset, max_event_time_ms, last_delivery_ms, end_offset, updated_ms, identity, status)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
                      ON CONFLICT (job, partition) DO UPDATE SET name = excluded.name,
                        next_offset = excluded.next_offset, max_event_time_ms = excluded.max_event_time_ms,
                        last_delivery_ms = excluded.last_delivery_ms, end_offset = excluded.end_offset,
-                       updated_ms = excluded.updated_ms",
+                       updated_ms = excluded.updated_ms, identity = excluded.identity,
+                       status = excluded.status",
                 )
                 .map_err(&err)?;
             for p in c.partitions {
@@ -362,7 +374,9 @@ impl Checkpoint {
                     p.max_event_time_ms,
                     p.last_delivery_ms,
                     p.end_offset,
-                    c.now_ms
+                    c.now_ms,
+                    p.identity,
+                    p.status
                 ])
                 .map_err(&err)?;
             }
@@ -401,7 +415,7 @@ impl Checkpoint {
                         j.watermark_ms, j.open_window_count,
                         (SELECT count(*) FROM outbox o WHERE o.job = j.job),
                         p.end_offset, j.window_ms, j.lateness_ms,
-                        COALESCE(p.updated_ms, j.updated_ms)
+                        COALESCE(p.updated_ms, j.updated_ms), p.status
                  FROM jobs j LEFT JOIN partitions p ON p.job = j.job
                  WHERE ?1 IS NULL OR j.job = ?1
                  ORDER BY j.job, p.partition",
@@ -429,6 +443,7 @@ impl Checkpoint {
                     window_ms: r.get(10)?,
                     lateness_ms: lateness,
                     last_update_ms: r.get(12)?,
+                    status: r.get(13)?,
                 })
             })
             .map_err(&err)?

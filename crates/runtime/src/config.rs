@@ -42,4 +42,11 @@ pub struct JobConfig {
     pub checkpoint_interval_ms: i64,
     /// Once caught up, close every open window.
     pub flush: bool,
+    /// Keep reading what arrives instead of stopping when caught up.
+    pub follow: bool,
+    /// Rolling files: a caught-up file stops holding the watermark back once a file that sorts
+    /// after it has delivered data.
+    pub rolling: bool,
+    /// Once every partition has been silent this long (wall clock), close every open window.
+    pub quiet_flush_ms: Option<i64>,
 }

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use streaming_etl_core::error::{EtlError, Result};
 use streaming_etl_core::pipeline::{
-    read_cycle, reported_watermark, CycleLimits, Engine, PartitionProgress, Restored, Stop,
+    read_cycle, reported_watermark, CycleLimits, Engine, PartitionProgress, ReadState, Restored,
+    Stop,
 };
 use streaming_etl_core::source::Source;
 use streaming_etl_core::state::{Batch, OutputSchemas, PartitionState};
@@ -63,8 +64,7 @@ pub struct Run {
     source: Box<dyn Source>,
     engine: Engine,
     schemas: Arc<OutputSchemas>,
-    exhausted: Vec<bool>,
-    names: Vec<String>,
+    read: ReadState,
     next_seq: i64,
     started: Instant,
     run_deadline: Option<Instant>,
@@ -122,7 +122,7 @@ fn replay_pending(checkpoint: &Checkpoint, job: &str, sink: &mut dyn OutputSink)
 fn resume_engine(
     cfg: &JobConfig,
     stored: Option<&StoredJob>,
-    source: &dyn Source,
+    source: &mut dyn Source,
     now_ms: i64,
 ) -> Result<Engine> {
     let known = stored.map_or(&[][..], |s| &s.partitions[..]);
@@ -131,13 +131,15 @@ fn resume_engine(
         .iter()
         .map(|sp| {
             let st = known.iter().find(|p| p.partition == sp.partition);
+            let mut clock = PartitionClock::new(
+                st.and_then(|s| s.max_event_time_ms),
+                st.map_or(now_ms, |s| s.last_delivery_ms),
+            );
+            clock.released = st.is_some_and(|s| s.status == "released");
             PartitionProgress {
                 partition: sp.partition,
                 next_offset: sp.start_offset,
-                clock: PartitionClock::new(
-                    st.and_then(|s| s.max_event_time_ms),
-                    st.map_or(now_ms, |s| s.last_delivery_ms),
-                ),
+                clock,
             }
         })
         .collect();
@@ -147,11 +149,8 @@ fn resume_engine(
         open_windows: stored.and_then(|s| s.open_windows.clone()),
     };
     let path = cfg.checkpoint.shown().to_string();
-    let mut engine = Engine::new(&cfg.engine, restored, now_ms, &cfg.topic)
+    let engine = Engine::new(&cfg.engine, restored, now_ms, &cfg.topic)
         .map_err(|e| EtlError::checkpoint(&path, e))?;
-    for gap in source.gaps() {
-        engine.record_gap(gap.idx, gap.from, gap.to);
-    }
     Ok(engine)
 }
 
@@ -170,13 +169,16 @@ impl Run {
         let schemas = Arc::new(cfg.engine.schemas());
         sink.prepare(&cfg.tables, &schemas)?;
         replay_pending(&checkpoint, &cfg.job, sink.as_mut())?;
-        let source = open_source(stored.as_ref().map_or(&[][..], |s| &s.partitions[..]))?;
+        let mut source = open_source(stored.as_ref().map_or(&[][..], |s| &s.partitions[..]))?;
         // A new job is only written to the checkpoint once its source has opened, so a run that
         // fails at once (no such topic, unreachable broker) leaves nothing behind.
         if stored.is_none() {
             checkpoint.create_job(&cfg.job, &cfg.settings, now)?;
         }
-        let engine = resume_engine(&cfg, stored.as_ref(), source.as_ref(), now)?;
+        let mut engine = resume_engine(&cfg, stored.as_ref(), source.as_mut(), now)?;
+        for g in source.take_gaps() {
+            engine.record_gap(g.partition, g.from, &g.message);
+        }
         let committer = Committer::start(
             checkpoint,
             sink,
@@ -191,8 +193,7 @@ impl Run {
             run_deadline: cfg
                 .max_runtime_ms
                 .map(|ms| started + Duration::from_millis(ms as u64)),
-            exhausted: vec![false; source.partitions().len()],
-            names: source.partitions().iter().map(|p| p.name.clone()).collect(),
+            read: ReadState::new(source.partitions().len()),
             next_seq: stored.as_ref().map_or(1, |s| s.next_seq),
             cfg,
             source,
@@ -237,11 +238,14 @@ impl Run {
                 cycle_deadline: row_due,
                 run_deadline: self.run_deadline,
                 max_pending_rows: MAX_PENDING_ROWS,
+                follow: self.cfg.follow,
+                rolling: self.cfg.rolling,
+                quiet_flush_ms: self.cfg.quiet_flush_ms,
             };
             let read = read_cycle(
                 &mut self.engine,
                 self.source.as_mut(),
-                &mut self.exhausted,
+                &mut self.read,
                 &limits,
                 &wall,
             );
@@ -285,18 +289,33 @@ impl Run {
             .pop()
             .unwrap_or_else(|| Batch::new(&self.schemas));
         self.engine.take_output(&mut batch);
+        let parts = self.source.partitions();
         let partitions: Vec<PartitionState> = self
             .engine
             .progress()
             .iter()
             .enumerate()
-            .map(|(i, p)| PartitionState {
-                partition: p.partition,
-                name: self.names[i].clone(),
-                next_offset: p.next_offset,
-                max_event_time_ms: p.clock.max_event_time_ms,
-                last_delivery_ms: p.clock.last_delivery_ms,
-                end_offset: self.source.end_offset(i),
+            .map(|(i, p)| {
+                let sp = parts.get(i);
+                PartitionState {
+                    partition: p.partition,
+                    name: sp.map(|s| s.name.clone()).unwrap_or_default(),
+                    identity: sp.map(|s| s.identity.clone()).unwrap_or_default(),
+                    next_offset: self
+                        .source
+                        .position(i)
+                        .map_or(p.next_offset, |at| at.max(p.next_offset)),
+                    max_event_time_ms: p.clock.max_event_time_ms,
+                    last_delivery_ms: p.clock.last_delivery_ms,
+                    end_offset: self.source.end_offset(i),
+                    status: if sp.is_some_and(|s| s.gone) {
+                        "deleted".into()
+                    } else if p.clock.released {
+                        "released".into()
+                    } else {
+                        String::new()
+                    },
+                }
             })
             .collect();
         let mut open_windows = Vec::new();
@@ -345,7 +364,7 @@ impl Run {
                 0.0
             },
             open_windows: self.engine.open_windows() as u64,
-            partitions: self.names.len() as u64,
+            partitions: self.source.partitions().len() as u64,
             cycles: self.cycles,
             status: match self.stop {
                 None | Some(Stop::CycleEnd) => "running",

@@ -157,6 +157,9 @@ fn config(checkpoint: CheckpointLocation, max_messages: Option<u64>, window_ms: 
         max_runtime_ms: None,
         checkpoint_interval_ms: 1000,
         flush: true,
+        follow: false,
+        rolling: false,
+        quiet_flush_ms: None,
     }
 }
 

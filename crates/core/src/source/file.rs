@@ -1,115 +1,400 @@
-//! The embedded source: NDJSON files matched by a glob (`file:<glob>`). Each file is one
-//! partition, numbered in the sorted order of the paths matched at the job's first run (a file
-//! that appears later gets the next free number); each line is one message, whose offset is the
-//! byte position where the line starts. A last line without its newline is left for a later
-//! run, so a file being appended to is never read half-written.
+//! The embedded source: NDJSON files matched by a pattern (`file:<glob>`). Each file is one
+//! partition for its whole life, identified by its device and inode as well as its path:
+//! renamed (log rotation), it keeps its partition and is read to its end under the new name; a
+//! new file at the old path is a new partition. Partitions are numbered in the sorted order of
+//! the paths matched at the job's first run; a file that appears later gets the next free
+//! number. A message's offset is the byte position where its line starts (in the decompressed
+//! stream for `.gz` / `.zst`). A file that shrinks is an error (copytruncate loses data); a file
+//! deleted before it was read to its end is reported as a dead letter naming what was lost.
 
-use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::error::{EtlError, Result};
-use crate::source::{Message, Pull, Source, SourcePartition};
+use crate::source::glob::{allowed, glob, PathPolicy};
+use crate::source::lines::{Codec, LineReader};
+use crate::source::{Gap, Message, Pull, Source, SourcePartition};
+use crate::state::PartitionState;
+
+/// How a file source is opened.
+#[derive(Clone, Default)]
+pub struct FileOptions {
+    /// Which paths may be listed and read (DuckDB's sandbox); None: any.
+    pub policy: Option<PathPolicy>,
+    /// A new job starts at the current end of the files that exist (`start := 'latest'`).
+    pub start_at_end: bool,
+}
+
+/// Bytes at the start of a file that go into its identity.
+const FINGERPRINT: u64 = 256;
+
+/// A file's identity: device and inode, and a hash of its first bytes (up to 256), since an
+/// inode is reused once its file is deleted: `dev:ino/len/hash`. Files only grow, so a file
+/// keeps matching the identity recorded when it was shorter.
+fn identity(path: &Path, meta: &std::fs::Metadata) -> String {
+    let len = meta.len().min(FINGERPRINT);
+    let hash = prefix_hash(path, len).unwrap_or(0);
+    format!("{}:{}/{len}/{hash:016x}", meta.dev(), meta.ino())
+}
+
+fn prefix_hash(path: &Path, len: u64) -> Option<u64> {
+    use std::io::Read;
+    let mut buf = Vec::with_capacity(len as usize);
+    File::open(path)
+        .ok()?
+        .take(len)
+        .read_to_end(&mut buf)
+        .ok()?;
+    (buf.len() as u64 == len).then(|| crate::hll::hash64(&buf))
+}
+
+/// Whether the file at `path` (with `meta`) is the one `known` identifies.
+fn same_file(known: &str, path: &Path, meta: &std::fs::Metadata) -> bool {
+    let mut parts = known.split('/');
+    let inode = format!("{}:{}", meta.dev(), meta.ino());
+    if parts.next() != Some(inode.as_str()) {
+        return false;
+    }
+    match (
+        parts.next().and_then(|l| l.parse::<u64>().ok()),
+        parts.next(),
+    ) {
+        (Some(len), Some(hash)) => {
+            meta.len() >= len && prefix_hash(path, len).is_some_and(|h| format!("{h:016x}") == hash)
+        }
+        // An identity without a fingerprint (none such is written, but be lenient).
+        _ => true,
+    }
+}
+
+struct Slot {
+    path: PathBuf,
+    codec: Codec,
+    reader: Option<LineReader>,
+    /// The size last seen (plain files), or the decompressed length once read to the end.
+    size: Option<i64>,
+    next: i64,
+}
 
 pub struct FileSource {
     source_name: String,
+    pattern: String,
+    opts: FileOptions,
     parts: Vec<SourcePartition>,
-    readers: Vec<Option<Reader>>,
-    sizes: Vec<i64>,
+    slots: Vec<Slot>,
+    gaps: Vec<Gap>,
     buf_size: usize,
+    next_free: i32,
+    only: Option<Vec<i32>>,
 }
 
-struct Reader {
-    file: File,
-    buf: Vec<u8>,
-    /// Next unread byte in `buf`.
-    pos: usize,
-    /// End of the valid bytes in `buf`.
-    end: usize,
-    /// File offset of `buf[0]`.
-    base: i64,
-    eof: bool,
+/// A file the pattern matches now.
+struct Found {
+    path: PathBuf,
+    identity: String,
+    size: i64,
+    meta: std::fs::Metadata,
+}
+
+fn find(source_name: &str, pattern: &str, policy: Option<&PathPolicy>) -> Result<Vec<Found>> {
+    let err = |m: String| EtlError::source(source_name, m);
+    let mut out = Vec::new();
+    for path in glob(pattern, policy).map_err(err)? {
+        let abs = std::fs::canonicalize(&path)
+            .map_err(|e| err(format!("cannot resolve '{}': {e}", path.display())))?;
+        let meta = std::fs::metadata(&abs)
+            .map_err(|e| err(format!("cannot read '{}': {e}", abs.display())))?;
+        // Two names of one file (hard links, symlinks) are one partition.
+        if out
+            .iter()
+            .any(|f: &Found| f.meta.dev() == meta.dev() && f.meta.ino() == meta.ino())
+        {
+            continue;
+        }
+        out.push(Found {
+            identity: identity(&abs, &meta),
+            path: abs,
+            size: meta.len() as i64,
+            meta,
+        });
+    }
+    Ok(out)
+}
+
+/// Looks in `dir` for the file with this identity (a file renamed out of the pattern's reach).
+fn renamed_in(dir: &Path, id: &str, policy: Option<&PathPolicy>) -> Option<Found> {
+    allowed(policy, dir).ok()?;
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let meta = e.metadata().ok()?;
+        let path = e.path();
+        (meta.is_file() && same_file(id, &path, &meta)).then(|| Found {
+            identity: identity(&path, &meta),
+            path,
+            size: meta.len() as i64,
+            meta,
+        })
+    })
 }
 
 impl FileSource {
-    /// Opens the files matched by `pattern`, keeping the partition numbers in `known`
-    /// (partition, absolute path) and resuming each at its offset in `offsets`.
+    /// Opens the files `pattern` matches, keeping the partitions the checkpoint knows (`known`:
+    /// number, path, identity, next offset) and numbering new files after them.
     pub fn open(
         source_name: &str,
         pattern: &str,
-        known: &[(i32, String)],
-        offsets: &HashMap<i32, i64>,
+        known: &[PartitionState],
         only: Option<&[i32]>,
+        opts: FileOptions,
     ) -> Result<FileSource> {
-        let mut parts = assign_partitions(source_name, pattern, known, offsets)?;
+        let policy = opts.policy.clone();
+        let found = find(source_name, pattern, policy.as_ref())?;
+        if found.is_empty() && known.is_empty() {
+            return Err(EtlError::source(
+                source_name,
+                format!("no file matches '{pattern}'"),
+            ));
+        }
+        let mut src = FileSource {
+            source_name: source_name.to_string(),
+            pattern: pattern.to_string(),
+            parts: Vec::new(),
+            slots: Vec::new(),
+            gaps: Vec::new(),
+            buf_size: 1 << 20,
+            next_free: known.iter().map(|k| k.partition + 1).max().unwrap_or(0),
+            only: only.map(<[i32]>::to_vec),
+            opts,
+        };
+        let mut taken = vec![false; found.len()];
+        let mut sorted: Vec<&PartitionState> = known.iter().collect();
+        sorted.sort_by_key(|k| k.partition);
+        for k in sorted {
+            let hit = if k.status == "deleted" {
+                None
+            } else if !k.identity.is_empty() {
+                match found
+                    .iter()
+                    .position(|f| same_file(&k.identity, &f.path, &f.meta))
+                {
+                    Some(j) => {
+                        taken[j] = true;
+                        Some(found_clone(&found[j]))
+                    }
+                    None => {
+                        src.check_truncated(k)?;
+                        Path::new(&k.name)
+                            .parent()
+                            .and_then(|dir| renamed_in(dir, &k.identity, policy.as_ref()))
+                    }
+                }
+            } else {
+                // A checkpoint of version 0.1 knew files by path only.
+                found
+                    .iter()
+                    .position(|f| f.path.to_string_lossy() == k.name)
+                    .map(|j| {
+                        taken[j] = true;
+                        found_clone(&found[j])
+                    })
+            };
+            src.add_known(k, hit)?;
+        }
+        let first_run = known.is_empty();
+        for (j, f) in found.into_iter().enumerate() {
+            if !taken[j] {
+                let start = if first_run && src.opts.start_at_end {
+                    end_of(&f)?
+                } else {
+                    0
+                };
+                src.add_new(f, start);
+            }
+        }
         if let Some(only) = only {
             let missing: Vec<i32> = only
                 .iter()
                 .copied()
-                .filter(|o| !parts.iter().any(|p| p.partition == *o))
+                .filter(|o| !src.parts.iter().any(|p| p.partition == *o))
                 .collect();
             if !missing.is_empty() {
                 return Err(EtlError::source(
                     source_name,
                     format!(
                         "partitions {missing:?} do not exist: '{pattern}' matches partitions {:?}",
-                        parts.iter().map(|p| p.partition).collect::<Vec<_>>()
+                        src.parts.iter().map(|p| p.partition).collect::<Vec<_>>()
                     ),
                 ));
             }
-            parts.retain(|p| only.contains(&p.partition));
         }
-        let mut sizes = Vec::with_capacity(parts.len());
-        for p in &parts {
-            let len = std::fs::metadata(&p.name)
-                .map_err(|e| {
-                    EtlError::source(source_name, format!("cannot read '{}': {e}", p.name))
-                })?
-                .len() as i64;
-            if len < p.start_offset {
-                return Err(EtlError::source(
-                    source_name,
-                    format!(
-                        "file '{}' is {len} bytes long, shorter than its checkpointed offset {}: it was truncated or replaced; a file source may only be appended to",
-                        p.name, p.start_offset
-                    ),
-                ));
-            }
-            sizes.push(len);
-        }
+        src.restrict();
         // Every partition is read at once (in event-time order), so the buffers share a budget.
-        let buf_size = ((64 << 20) / parts.len().max(1)).clamp(64 << 10, 1 << 20);
-        Ok(FileSource {
-            source_name: source_name.to_string(),
-            readers: parts.iter().map(|_| None).collect(),
-            parts,
-            sizes,
-            buf_size,
-        })
+        src.buf_size = ((64 << 20) / src.parts.len().max(1)).clamp(64 << 10, 1 << 20);
+        Ok(src)
     }
 
-    fn reader(&mut self, idx: usize) -> Result<&mut Reader> {
-        if self.readers[idx].is_none() {
-            let p = &self.parts[idx];
-            let err = |e: std::io::Error| {
-                EtlError::source(&self.source_name, format!("cannot read '{}': {e}", p.name))
-            };
-            let mut file = File::open(&p.name).map_err(err)?;
-            file.seek(SeekFrom::Start(p.start_offset as u64))
-                .map_err(err)?;
-            self.readers[idx] = Some(Reader {
-                file,
-                buf: vec![0; self.buf_size],
-                pos: 0,
-                end: 0,
-                base: p.start_offset,
-                eof: false,
-            });
+    /// The file is still at its path with its inode, but its first bytes changed or it is
+    /// shorter: it was truncated (and maybe written again) in place.
+    fn check_truncated(&self, k: &PartitionState) -> Result<()> {
+        let Ok(meta) = std::fs::metadata(&k.name) else {
+            return Ok(());
+        };
+        let inode = format!("{}:{}/", meta.dev(), meta.ino());
+        // Still the same file (moved out of the pattern's reach): not truncated.
+        if k.identity.starts_with(&inode) && !same_file(&k.identity, Path::new(&k.name), &meta) {
+            return Err(EtlError::source(
+                &self.source_name,
+                format!(
+                    "file '{}' is {} bytes long and its first bytes changed since this job read {} bytes of it: it was truncated in place (as copytruncate does, which loses data); a file source may only be appended to, or rotated by renaming",
+                    k.name,
+                    meta.len(),
+                    k.next_offset
+                ),
+            ));
         }
-        self.readers[idx]
+        Ok(())
+    }
+
+    fn add_known(&mut self, k: &PartitionState, hit: Option<Found>) -> Result<()> {
+        let (path, id, size, gone) = match hit {
+            Some(f) => {
+                let codec = Codec::of(&f.path);
+                if codec == Codec::Plain && f.size < k.next_offset {
+                    return Err(EtlError::source(
+                        &self.source_name,
+                        format!(
+                            "file '{}' is {} bytes long, shorter than its checkpointed offset {}: it was truncated in place (as copytruncate does, which loses data); a file source may only be appended to, or rotated by renaming",
+                            f.path.display(),
+                            f.size,
+                            k.next_offset
+                        ),
+                    ));
+                }
+                let size = (codec == Codec::Plain).then_some(f.size).or(k.end_offset);
+                (f.path, f.identity, size, false)
+            }
+            None => {
+                if k.status != "deleted" && k.end_offset.is_none_or(|e| e > k.next_offset) {
+                    let what = match k.end_offset {
+                        Some(e) => format!("bytes {} to {} were never read", k.next_offset, e - 1),
+                        None => format!("what followed byte {} was never read", k.next_offset),
+                    };
+                    self.gaps.push(Gap {
+                        partition: k.partition,
+                        from: k.next_offset,
+                        message: format!(
+                            "file '{}' was deleted (or moved out of reach) before this job read it to the end: {what}",
+                            k.name
+                        ),
+                    });
+                }
+                (
+                    PathBuf::from(&k.name),
+                    k.identity.clone(),
+                    k.end_offset,
+                    true,
+                )
+            }
+        };
+        self.parts.push(SourcePartition {
+            partition: k.partition,
+            name: path.to_string_lossy().into_owned(),
+            identity: id,
+            start_offset: k.next_offset,
+            gone,
+        });
+        self.slots.push(Slot {
+            codec: Codec::of(&path),
+            path,
+            reader: None,
+            size,
+            next: k.next_offset,
+        });
+        Ok(())
+    }
+
+    fn add_new(&mut self, f: Found, start: i64) {
+        let codec = Codec::of(&f.path);
+        self.parts.push(SourcePartition {
+            partition: self.next_free,
+            name: f.path.to_string_lossy().into_owned(),
+            identity: f.identity,
+            start_offset: start,
+            gone: false,
+        });
+        self.slots.push(Slot {
+            size: (codec == Codec::Plain).then_some(f.size),
+            codec,
+            path: f.path,
+            reader: None,
+            next: start,
+        });
+        self.next_free += 1;
+    }
+
+    /// Keeps only the partitions of `only` (`partitions := [...]`), in partition order.
+    fn restrict(&mut self) {
+        let only = self.only.clone();
+        let keep = |p: i32| only.as_ref().is_none_or(|o| o.contains(&p));
+        let mut both: Vec<(SourcePartition, Slot)> = std::mem::take(&mut self.parts)
+            .into_iter()
+            .zip(std::mem::take(&mut self.slots))
+            .filter(|(p, _)| keep(p.partition))
+            .collect();
+        both.sort_by_key(|(p, _)| p.partition);
+        (self.parts, self.slots) = both.into_iter().unzip();
+        self.gaps.retain(|g| keep(g.partition));
+    }
+
+    fn reader(&mut self, idx: usize) -> Result<&mut LineReader> {
+        let policy = self.opts.policy.clone();
+        let slot = &mut self.slots[idx];
+        if slot.reader.is_none() {
+            let err = |e: String| {
+                EtlError::source(
+                    &self.source_name,
+                    format!("cannot read '{}': {e}", slot.path.display()),
+                )
+            };
+            allowed(policy.as_ref(), &slot.path).map_err(err)?;
+            let file = File::open(&slot.path).map_err(|e| err(e.to_string()))?;
+            slot.reader = Some(
+                LineReader::open(file, slot.codec, slot.next, self.buf_size)
+                    .map_err(|e| err(e.to_string()))?,
+            );
+        }
+        slot.reader
             .as_mut()
             .ok_or_else(|| EtlError::Internal("file reader missing".into()))
+    }
+}
+
+fn found_clone(f: &Found) -> Found {
+    Found {
+        path: f.path.clone(),
+        identity: f.identity.clone(),
+        size: f.size,
+        meta: f.meta.clone(),
+    }
+}
+
+/// The stream length of a file (decompressed, for compressed ones).
+fn end_of(f: &Found) -> Result<i64> {
+    match Codec::of(&f.path) {
+        Codec::Plain => Ok(f.size),
+        codec => {
+            let file = File::open(&f.path).map_err(|e| {
+                EtlError::source("file", format!("cannot read '{}': {e}", f.path.display()))
+            })?;
+            let mut r = LineReader::open(file, codec, 0, 1 << 16).map_err(|e| {
+                EtlError::source("file", format!("cannot read '{}': {e}", f.path.display()))
+            })?;
+            r.pull(&mut |_| true).map_err(|e| {
+                EtlError::source("file", format!("cannot read '{}': {e}", f.path.display()))
+            })?;
+            Ok(r.offset())
+        }
     }
 }
 
@@ -119,262 +404,86 @@ impl Source for FileSource {
     }
 
     fn pull(&mut self, idx: usize, each: &mut dyn FnMut(&Message<'_>) -> bool) -> Result<Pull> {
-        match self.reader(idx)?.pull(each) {
-            Ok(Pull::Exhausted) => {
-                self.readers[idx] = None;
+        if self.parts[idx].gone {
+            return Ok(Pull::Exhausted);
+        }
+        let mut last = None;
+        let result = self.reader(idx)?.pull(&mut |m| {
+            last = Some(m.next_offset);
+            each(m)
+        });
+        let slot = &mut self.slots[idx];
+        if let Some(n) = last {
+            slot.next = n;
+        }
+        match result {
+            Ok(pull) => {
+                if let Some(r) = &slot.reader {
+                    if r.finished() {
+                        slot.size = Some(r.offset());
+                    }
+                }
+                Ok(pull)
+            }
+            Err(e) if slot.codec != Codec::Plain => {
+                // A damaged compressed file: what could not be decompressed is reported, and
+                // the file is done (it cannot change).
+                self.gaps.push(Gap {
+                    partition: self.parts[idx].partition,
+                    from: slot.next,
+                    message: format!(
+                        "file '{}' cannot be decompressed after byte {} of its content: {e}",
+                        slot.path.display(),
+                        slot.next
+                    ),
+                });
+                slot.reader = None;
+                self.parts[idx].gone = true;
                 Ok(Pull::Exhausted)
             }
-            Ok(p) => Ok(p),
             Err(e) => Err(EtlError::source(
                 &self.source_name,
-                format!("cannot read '{}': {e}", self.parts[idx].name),
+                format!("cannot read '{}': {e}", slot.path.display()),
             )),
         }
     }
 
     fn end_offset(&self, idx: usize) -> Option<i64> {
-        self.sizes.get(idx).copied()
+        self.slots.get(idx).and_then(|s| s.size)
     }
-}
 
-impl Reader {
-    fn pull(&mut self, each: &mut dyn FnMut(&Message<'_>) -> bool) -> std::io::Result<Pull> {
-        loop {
-            if let Some(nl) = memchr::memchr(b'\n', &self.buf[self.pos..self.end]) {
-                let offset = self.base + self.pos as i64;
-                let msg = Message {
-                    offset,
-                    next_offset: offset + nl as i64 + 1,
-                    payload: &self.buf[self.pos..self.pos + nl],
-                    key: None,
-                    timestamp: None,
-                };
-                self.pos += nl + 1;
-                if !each(&msg) {
-                    return Ok(Pull::Paused);
+    fn take_gaps(&mut self) -> Vec<Gap> {
+        std::mem::take(&mut self.gaps)
+    }
+
+    fn discover(&mut self) -> Result<usize> {
+        let found = find(&self.source_name, &self.pattern, self.opts.policy.as_ref())?;
+        let before = self.parts.len();
+        for f in found {
+            let inode = format!("{}:{}/", f.meta.dev(), f.meta.ino());
+            if let Some(i) = self
+                .parts
+                .iter()
+                .position(|p| !p.gone && p.identity.starts_with(&inode))
+            {
+                if self.slots[i].codec == Codec::Plain {
+                    self.slots[i].size = Some(f.size);
                 }
                 continue;
             }
-            if self.eof {
-                // What is left is an incomplete last line: not consumed, read by a later run.
-                return Ok(Pull::Exhausted);
+            let number = self.next_free;
+            if self.only.as_ref().is_some_and(|o| !o.contains(&number)) {
+                continue;
             }
-            // Keep the partial line, make room (growing for a line longer than the buffer),
-            // and read more.
-            self.buf.copy_within(self.pos..self.end, 0);
-            self.base += self.pos as i64;
-            self.end -= self.pos;
-            self.pos = 0;
-            if self.end == self.buf.len() {
-                let grown = self.buf.len() * 2;
-                self.buf.resize(grown, 0);
-            }
-            let n = loop {
-                match self.file.read(&mut self.buf[self.end..]) {
-                    Ok(n) => break n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
-            };
-            self.eof = n == 0;
-            self.end += n;
+            self.add_new(f, 0);
         }
+        Ok(self.parts.len() - before)
     }
-}
 
-/// Matches `pattern` and numbers the files: known ones keep their numbers, new ones get the
-/// next free numbers in sorted path order.
-fn assign_partitions(
-    source_name: &str,
-    pattern: &str,
-    known: &[(i32, String)],
-    offsets: &HashMap<i32, i64>,
-) -> Result<Vec<SourcePartition>> {
-    let matched = glob(pattern).map_err(|e| EtlError::source(source_name, e))?;
-    if matched.is_empty() {
-        return Err(EtlError::source(
-            source_name,
-            format!("no file matches '{pattern}'"),
-        ));
+    fn wait(&mut self, timeout: Duration) {
+        // Files have no notification to wait on: a short sleep, then the readers look again.
+        std::thread::sleep(timeout.min(Duration::from_millis(50)));
     }
-    let by_path: HashMap<&str, i32> = known.iter().map(|(p, n)| (n.as_str(), *p)).collect();
-    let mut next_free = known.iter().map(|(p, _)| p + 1).max().unwrap_or(0);
-    let mut parts = Vec::with_capacity(matched.len());
-    for path in matched {
-        let abs = std::fs::canonicalize(&path).map_err(|e| {
-            EtlError::source(
-                source_name,
-                format!("cannot resolve '{}': {e}", path.display()),
-            )
-        })?;
-        let abs = abs.to_string_lossy().into_owned();
-        let partition = match by_path.get(abs.as_str()) {
-            Some(&p) => p,
-            None => {
-                let p = next_free;
-                next_free += 1;
-                p
-            }
-        };
-        parts.push(SourcePartition {
-            partition,
-            start_offset: offsets.get(&partition).copied().unwrap_or(0),
-            name: abs,
-        });
-    }
-    parts.sort_by_key(|p| p.partition);
-    parts.dedup_by(|a, b| a.partition == b.partition);
-    Ok(parts)
-}
-
-/// Expands a glob (`*`, `?`, `[abc]`, `[a-z]`, `[!abc]` within a path component, `**` for any
-/// number of directories) into the regular files it matches, sorted by path.
-pub fn glob(pattern: &str) -> std::result::Result<Vec<PathBuf>, String> {
-    let absolute = pattern.starts_with('/');
-    let components: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
-    if components.is_empty() {
-        return Err(format!("empty file pattern '{pattern}'"));
-    }
-    let root = if absolute {
-        PathBuf::from("/")
-    } else {
-        PathBuf::new()
-    };
-    let mut out = Vec::new();
-    walk(&root, &components, &mut out);
-    out.sort();
-    out.dedup();
-    Ok(out)
-}
-
-fn has_wildcard(c: &str) -> bool {
-    c.contains(['*', '?', '['])
-}
-
-fn walk(dir: &Path, rest: &[&str], out: &mut Vec<PathBuf>) {
-    let Some((&first, tail)) = rest.split_first() else {
-        if dir.is_file() {
-            out.push(dir.to_path_buf());
-        }
-        return;
-    };
-    let list = |d: &Path| -> Vec<(String, PathBuf)> {
-        let d = if d.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            d
-        };
-        let mut v: Vec<(String, PathBuf)> = std::fs::read_dir(d)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.file_name()))
-            .map(|(n, os)| (n, os.into()))
-            .collect();
-        v.sort();
-        v
-    };
-    if first == "**" {
-        // Zero directories, then one more level of any directory.
-        walk(dir, tail, out);
-        for (name, os) in list(dir) {
-            let next = dir.join(os);
-            if next.is_dir() && !name.starts_with('.') {
-                walk(&next, rest, out);
-            }
-        }
-    } else if has_wildcard(first) {
-        for (name, os) in list(dir) {
-            if wildcard_match(first.as_bytes(), name.as_bytes()) {
-                walk(&dir.join(os), tail, out);
-            }
-        }
-    } else {
-        let next = dir.join(first);
-        if tail.is_empty() || next.is_dir() {
-            walk(&next, tail, out);
-        }
-    }
-}
-
-/// Shell-style matching of one path component.
-pub fn wildcard_match(pat: &[u8], name: &[u8]) -> bool {
-    let (mut p, mut n) = (0usize, 0usize);
-    let mut star: Option<(usize, usize)> = None;
-    while n < name.len() {
-        if p < pat.len() {
-            match pat[p] {
-                b'*' => {
-                    star = Some((p, n));
-                    p += 1;
-                    continue;
-                }
-                b'?' => {
-                    p += 1;
-                    n += 1;
-                    continue;
-                }
-                b'[' => {
-                    if let Some((matched, len)) = class_match(&pat[p..], name[n]) {
-                        if matched {
-                            p += len;
-                            n += 1;
-                            continue;
-                        }
-                    } else if name[n] == b'[' {
-                        p += 1;
-                        n += 1;
-                        continue;
-                    }
-                }
-                c if c == name[n] => {
-                    p += 1;
-                    n += 1;
-                    continue;
-                }
-                _ => {}
-            }
-        }
-        match star {
-            Some((sp, sn)) => {
-                p = sp + 1;
-                n = sn + 1;
-                star = Some((sp, sn + 1));
-            }
-            None => return false,
-        }
-    }
-    pat[p..].iter().all(|&c| c == b'*')
-}
-
-/// Matches `c` against the class at the start of `pat` (`[...]`); returns (matched, class
-/// length), or None when the bracket is not a complete class.
-fn class_match(pat: &[u8], c: u8) -> Option<(bool, usize)> {
-    let mut i = 1;
-    let negate = matches!(pat.get(1), Some(b'!' | b'^'));
-    if negate {
-        i += 1;
-    }
-    let mut matched = false;
-    let mut first = true;
-    while i < pat.len() {
-        if pat[i] == b']' && !first {
-            return Some((matched != negate, i + 1));
-        }
-        first = false;
-        if pat.get(i + 1) == Some(&b'-') && pat.get(i + 2).is_some_and(|&e| e != b']') {
-            if pat[i] <= c && c <= pat[i + 2] {
-                matched = true;
-            }
-            i += 3;
-        } else {
-            if pat[i] == c {
-                matched = true;
-            }
-            i += 1;
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -389,80 +498,40 @@ mod tests {
         d
     }
 
-    fn collect(src: &mut FileSource, idx: usize) -> (Vec<(i64, i64, String)>, Pull) {
+    fn collect(src: &mut FileSource, idx: usize) -> Vec<(i64, String)> {
         let mut v = Vec::new();
-        let pull = src
-            .pull(idx, &mut |m| {
-                v.push((
-                    m.offset,
-                    m.next_offset,
-                    String::from_utf8_lossy(m.payload).into_owned(),
-                ));
-                true
-            })
-            .unwrap();
-        (v, pull)
-    }
-
-    #[test]
-    fn wildcards() {
-        assert!(wildcard_match(b"orders-*.ndjson", b"orders-1.ndjson"));
-        assert!(wildcard_match(b"*", b""));
-        assert!(!wildcard_match(b"orders-?.ndjson", b"orders-10.ndjson"));
-        assert!(wildcard_match(b"p[0-3].json", b"p2.json"));
-        assert!(!wildcard_match(b"p[!0-3].json", b"p2.json"));
-        assert!(wildcard_match(b"*a*b", b"xxaxxb"));
-        assert!(!wildcard_match(b"*a*b", b"xxaxxbc"));
-    }
-
-    #[test]
-    fn lines_offsets_and_incomplete_last_line() {
-        let d = tmpdir("lines");
-        std::fs::write(d.join("a.ndjson"), b"one\ntwo\r\n\nthree-partial").unwrap();
-        let pattern = format!("{}/*.ndjson", d.display());
-        let mut src = FileSource::open("t", &pattern, &[], &HashMap::new(), None).unwrap();
-        let (msgs, pull) = collect(&mut src, 0);
-        assert_eq!(pull, Pull::Exhausted);
-        assert_eq!(
-            msgs,
-            vec![
-                (0, 4, "one".into()),
-                (4, 9, "two\r".into()),
-                (9, 10, "".into())
-            ]
-        );
-        // The rest of the line arrives; the next run resumes at offset 10.
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(d.join("a.ndjson"))
-            .unwrap();
-        f.write_all(b"\n").unwrap();
-        let known = vec![(0, src.partitions()[0].name.clone())];
-        let mut src =
-            FileSource::open("t", &pattern, &known, &HashMap::from([(0, 10)]), None).unwrap();
-        assert_eq!(
-            collect(&mut src, 0).0,
-            vec![(10, 24, "three-partial".into())]
-        );
-    }
-
-    #[test]
-    fn lines_longer_than_the_buffer() {
-        let d = tmpdir("long");
-        let long = "x".repeat(3 << 20);
-        std::fs::write(d.join("a.ndjson"), format!("{long}\nshort\n")).unwrap();
-        let mut src = FileSource::open(
-            "t",
-            &format!("{}/a.ndjson", d.display()),
-            &[],
-            &HashMap::new(),
-            None,
-        )
+        src.pull(idx, &mut |m| {
+            v.push((m.offset, String::from_utf8_lossy(m.payload).into_owned()));
+            true
+        })
         .unwrap();
-        let (msgs, _) = collect(&mut src, 0);
-        assert_eq!(msgs.len(), 2);
-        assert_eq!(msgs[0].2.len(), 3 << 20);
-        assert_eq!(msgs[1], ((3 << 20) + 1, (3 << 20) + 7, "short".into()));
+        v
+    }
+
+    /// The checkpoint's view of a source after reading everything.
+    fn known(src: &FileSource) -> Vec<PartitionState> {
+        src.parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| PartitionState {
+                partition: p.partition,
+                name: p.name.clone(),
+                identity: p.identity.clone(),
+                next_offset: src.slots[i].next,
+                max_event_time_ms: None,
+                last_delivery_ms: 0,
+                end_offset: src.end_offset(i),
+                status: if p.gone {
+                    "deleted".into()
+                } else {
+                    String::new()
+                },
+            })
+            .collect()
+    }
+
+    fn open(pattern: &str, known: &[PartitionState]) -> Result<FileSource> {
+        FileSource::open("t", pattern, known, None, FileOptions::default())
     }
 
     #[test]
@@ -471,17 +540,11 @@ mod tests {
         std::fs::write(d.join("b.ndjson"), b"").unwrap();
         std::fs::write(d.join("c.ndjson"), b"").unwrap();
         let pattern = format!("{}/*.ndjson", d.display());
-        let first = FileSource::open("t", &pattern, &[], &HashMap::new(), None).unwrap();
-        let known: Vec<(i32, String)> = first
-            .partitions()
-            .iter()
-            .map(|p| (p.partition, p.name.clone()))
-            .collect();
-        assert_eq!(known.iter().map(|k| k.0).collect::<Vec<_>>(), vec![0, 1]);
+        let first = open(&pattern, &[]).unwrap();
         std::fs::write(d.join("a.ndjson"), b"").unwrap();
-        let second = FileSource::open("t", &pattern, &known, &HashMap::new(), None).unwrap();
+        let second = open(&pattern, &known(&first)).unwrap();
         let names: Vec<(i32, String)> = second
-            .partitions()
+            .parts
             .iter()
             .map(|p| {
                 (
@@ -505,39 +568,113 @@ mod tests {
     }
 
     #[test]
-    fn truncated_file_and_no_match_are_errors() {
-        let d = tmpdir("trunc");
-        std::fs::write(d.join("a.ndjson"), b"x\n").unwrap();
-        let pattern = format!("{}/*.ndjson", d.display());
-        let first = FileSource::open("t", &pattern, &[], &HashMap::new(), None).unwrap();
-        let known = vec![(0, first.partitions()[0].name.clone())];
-        let e = FileSource::open("t", &pattern, &known, &HashMap::from([(0, 100)]), None)
-            .err()
+    fn a_renamed_file_keeps_its_partition_and_a_new_one_at_the_old_path_is_new() {
+        let d = tmpdir("rotate");
+        std::fs::write(d.join("app.ndjson"), b"1\n2\n").unwrap();
+        let pattern = format!("{}/app.ndjson", d.display());
+        let mut first = open(&pattern, &[]).unwrap();
+        assert_eq!(collect(&mut first, 0).len(), 2);
+        let k = known(&first);
+        // Rotation: the file is renamed (and written once more), a new file starts at the old name.
+        std::fs::rename(d.join("app.ndjson"), d.join("app.ndjson.1")).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(d.join("app.ndjson.1"))
+            .unwrap()
+            .write_all(b"3\n")
             .unwrap();
-        assert!(
-            e.to_string()
-                .contains("shorter than its checkpointed offset 100"),
-            "{e}"
+        std::fs::write(d.join("app.ndjson"), b"new\n").unwrap();
+        let mut second = open(&pattern, &k).unwrap();
+        assert_eq!(second.parts.len(), 2);
+        assert!(second.parts[0].name.ends_with("app.ndjson.1"));
+        assert_eq!(
+            collect(&mut second, 0),
+            vec![(4, "3".into())],
+            "read to its end under the new name"
         );
-        let e = FileSource::open(
-            "t",
-            &format!("{}/none-*", d.display()),
-            &[],
-            &HashMap::new(),
-            None,
-        )
-        .err()
-        .unwrap();
-        assert!(e.to_string().contains("no file matches"), "{e}");
+        assert_eq!(collect(&mut second, 1), vec![(0, "new".into())]);
     }
 
     #[test]
-    fn recursive_glob() {
-        let d = tmpdir("rec");
-        std::fs::create_dir_all(d.join("x/y")).unwrap();
-        std::fs::write(d.join("top.ndjson"), b"").unwrap();
-        std::fs::write(d.join("x/y/deep.ndjson"), b"").unwrap();
-        let found = glob(&format!("{}/**/*.ndjson", d.display())).unwrap();
-        assert_eq!(found.len(), 2);
+    fn shrinking_is_an_error_and_deletion_before_the_end_is_a_gap() {
+        let d = tmpdir("shrink");
+        std::fs::write(d.join("a.ndjson"), b"x\ny\n").unwrap();
+        std::fs::write(d.join("b.ndjson"), b"x\ny\n").unwrap();
+        let pattern = format!("{}/*.ndjson", d.display());
+        let mut first = open(&pattern, &[]).unwrap();
+        collect(&mut first, 0);
+        let k = known(&first);
+        std::fs::write(d.join("a.ndjson"), b"").unwrap();
+        let e = open(&pattern, &k).err().unwrap().to_string();
+        assert!(
+            e.contains("truncated in place") && e.contains("copytruncate"),
+            "{e}"
+        );
+        // Truncated and written again (copytruncate), longer than before: still caught.
+        std::fs::write(d.join("a.ndjson"), b"other lines\n").unwrap();
+        let e = open(&pattern, &k).err().unwrap().to_string();
+        assert!(e.contains("truncated in place"), "{e}");
+        std::fs::remove_file(d.join("a.ndjson")).unwrap();
+        std::fs::remove_file(d.join("b.ndjson")).unwrap();
+        std::fs::write(d.join("c.ndjson"), b"z\n").unwrap();
+        let mut second = open(&pattern, &k).unwrap();
+        let gaps = second.take_gaps();
+        assert_eq!(gaps.len(), 1, "b was never read; a was read to its end");
+        assert!(
+            gaps[0].message.contains("b.ndjson") && gaps[0].message.contains("bytes 0 to 3"),
+            "{}",
+            gaps[0].message
+        );
+        assert!(second.parts[0].gone && second.parts[1].gone);
+        assert_eq!(collect(&mut second, 2), vec![(0, "z".into())]);
+        // Reported once: the next run knows it is deleted.
+        let third = open(&pattern, &known(&second)).unwrap();
+        assert!(third.gaps.is_empty());
+    }
+
+    #[test]
+    fn discovery_finds_new_files_while_reading() {
+        let d = tmpdir("discover");
+        std::fs::write(d.join("a.ndjson"), b"1\n").unwrap();
+        let pattern = format!("{}/*.ndjson", d.display());
+        let mut src = open(&pattern, &[]).unwrap();
+        assert_eq!(src.discover().unwrap(), 0);
+        std::fs::write(d.join("b.ndjson"), b"2\n").unwrap();
+        assert_eq!(src.discover().unwrap(), 1);
+        assert_eq!(collect(&mut src, 1), vec![(0, "2".into())]);
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(d.join("a.ndjson"))
+            .unwrap()
+            .write_all(b"3\n")
+            .unwrap();
+        assert_eq!(collect(&mut src, 0), vec![(0, "1".into()), (2, "3".into())]);
+    }
+
+    #[test]
+    fn start_at_end_skips_what_exists() {
+        let d = tmpdir("latest");
+        std::fs::write(d.join("a.ndjson"), b"old\n").unwrap();
+        let pattern = format!("{}/*.ndjson", d.display());
+        let opts = FileOptions {
+            start_at_end: true,
+            ..Default::default()
+        };
+        let mut src = FileSource::open("t", &pattern, &[], None, opts).unwrap();
+        assert!(collect(&mut src, 0).is_empty());
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(d.join("a.ndjson"))
+            .unwrap()
+            .write_all(b"new\n")
+            .unwrap();
+        assert_eq!(collect(&mut src, 0), vec![(4, "new".into())]);
+    }
+
+    #[test]
+    fn no_match_is_an_error() {
+        let d = tmpdir("nomatch");
+        let e = open(&format!("{}/none-*", d.display()), &[]).err().unwrap();
+        assert!(e.to_string().contains("no file matches"), "{e}");
     }
 }

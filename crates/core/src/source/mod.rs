@@ -2,6 +2,8 @@
 //! delivers bytes; decoding, watermarks and windows happen in the pipeline.
 
 pub mod file;
+pub mod glob;
+pub mod lines;
 
 use crate::error::Result;
 
@@ -33,18 +35,22 @@ pub struct SourcePartition {
     pub partition: i32,
     /// The file's absolute path (file source); empty for Kafka.
     pub name: String,
+    /// What the partition is besides its number: a file's device and inode; empty for Kafka.
+    pub identity: String,
     pub start_offset: i64,
+    /// It will never deliver again (a deleted file).
+    pub gone: bool,
 }
 
-/// Offsets a source can no longer deliver: the broker deleted them (retention) before the job
-/// read them. Reported as a dead letter, never skipped silently.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Data a source cannot deliver (Kafka messages deleted by retention before the job read
+/// them, a file deleted before it was read to its end, a damaged compressed file). Reported as
+/// a dead letter at `from`, never skipped silently.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gap {
-    /// Index into `partitions()`.
-    pub idx: usize,
+    pub partition: i32,
     pub from: i64,
-    /// Exclusive.
-    pub to: i64,
+    /// The dead letter's reason.
+    pub message: String,
 }
 
 pub trait Source: Send {
@@ -58,9 +64,29 @@ pub trait Source: Send {
     /// The end offset the source knows for the partition at `idx` (for lag), if any.
     fn end_offset(&self, idx: usize) -> Option<i64>;
 
-    /// Offsets that were skipped when the source opened (see [`Gap`]).
-    fn gaps(&self) -> &[Gap] {
-        &[]
+    /// Where the source stands in the partition at `idx` when that is past the last message it
+    /// delivered (Kafka: the end of partition, past transaction markers), so the checkpoint
+    /// resumes there and lag reads 0.
+    fn position(&self, _idx: usize) -> Option<i64> {
+        None
+    }
+
+    /// Data found undeliverable since the last call (see [`Gap`]).
+    fn take_gaps(&mut self) -> Vec<Gap> {
+        Vec::new()
+    }
+
+    /// Continuous runs: looks for partitions that appeared since (files that now match the
+    /// pattern, partitions added to a topic) and appends them to `partitions()`; returns how
+    /// many were added.
+    fn discover(&mut self) -> Result<usize> {
+        Ok(0)
+    }
+
+    /// Continuous runs: waits, at most `timeout`, for something to read (a blocking wait, not a
+    /// busy loop).
+    fn wait(&mut self, timeout: std::time::Duration) {
+        std::thread::sleep(timeout);
     }
 
     /// Called once a checkpoint holding these next offsets is durable (Kafka commits them to
@@ -88,7 +114,9 @@ pub mod memory {
                 .map(|i| SourcePartition {
                     partition: i as i32,
                     name: String::new(),
+                    identity: String::new(),
                     start_offset: start.get(i).copied().unwrap_or(0),
+                    gone: false,
                 })
                 .collect::<Vec<_>>();
             let pos = parts.iter().map(|p| p.start_offset as usize).collect();
