@@ -7,6 +7,9 @@ peak_rss_mb and elapsed_s), then a summary table; writes bench-out/results.json.
 Every measured run is a fresh process (Python + DuckDB + the extension), so peak_rss_mb is the
 whole process's peak resident memory.
 
+Also: many keys and memory in both write modes, Nexmark (scripts/bench_nexmark.py) and the
+latency and CPU of continuous jobs (scripts/bench_latency.py).
+
 usage: bench.py [--quick] [--only NAME]
 """
 import json
@@ -43,6 +46,8 @@ def child_run(db, topic, named, window=WINDOW, lateness=LATENESS):
     import duckdb
 
     con = duckdb.connect(db, config={"allow_unsigned_extensions": "true"})
+    if os.environ.get("BENCH_MEMORY_LIMIT"):
+        con.execute(f"SET memory_limit = '{os.environ['BENCH_MEMORY_LIMIT']}'")
     con.execute(f"LOAD '{EXT}'")
     before_mb = peak_rss_mb()
     args = "".join(f", {k} := {v}" for k, v in named.items())
@@ -62,16 +67,19 @@ def child_run(db, topic, named, window=WINDOW, lateness=LATENESS):
                       "db_size_kb": size // 1024, "rss_before_run_mb": before_mb, "peak_rss_mb": peak_rss_mb()}))
 
 
-def child_batch(db, pattern, explicit):
+def child_batch(db, pattern, explicit, window=WINDOW):
     """DuckDB's own batch equivalent: read the files, GROUP BY window and key, into a table."""
     import duckdb
 
+    window = int(window)
     con = duckdb.connect(db)
+    if os.environ.get("BENCH_MEMORY_LIMIT"):
+        con.execute(f"SET memory_limit = '{os.environ['BENCH_MEMORY_LIMIT']}'")
     source = (f"read_ndjson('{pattern}', columns = {{'key': 'VARCHAR', 'event_time_ms': 'BIGINT', "
               f"'payload': 'STRUCT(value DOUBLE)'}})" if explicit else f"read_ndjson('{pattern}')")
     t0 = time.perf_counter()
     n = con.execute(f"""CREATE TABLE windows AS
-        SELECT (event_time_ms // {WINDOW}) * {WINDOW} AS window_start_ms, key, count(*) AS count,
+        SELECT (event_time_ms // {window}) * {window} AS window_start_ms, key, count(*) AS count,
                sum(payload.value) AS sum_value, min(payload.value) AS min_value, max(payload.value) AS max_value
         FROM {source} GROUP BY ALL""").fetchone()
     elapsed = time.perf_counter() - t0
@@ -80,16 +88,17 @@ def child_batch(db, pattern, explicit):
                       "peak_rss_mb": peak_rss_mb()}))
 
 
-def spawn_measured(args):
+def spawn_measured(args, env=None):
     """Runs this script as a child; returns (its JSON output, its peak RSS in MB)."""
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, **(env or {})))
     if p.returncode != 0:
         raise RuntimeError(f"child {args[0]} failed: {p.stderr}")
     out = json.loads(p.stdout.strip().splitlines()[-1])
     return out, out["peak_rss_mb"]
 
 
-def generate(name, events, partitions=4, skew_ms=0, skew_partition=-1, late_pct=5):
+def generate(name, events, partitions=4, skew_ms=0, skew_partition=-1, late_pct=5, keys=50, window_ms=WINDOW):
     import duckdb
     from datagen import generate_sql
 
@@ -97,8 +106,8 @@ def generate(name, events, partitions=4, skew_ms=0, skew_partition=-1, late_pct=
     if os.path.exists(os.path.join(d, "done")):
         return d
     shutil.rmtree(d, ignore_errors=True)
-    generate_sql(duckdb.connect(), d, events, partitions=partitions, keys=50, late_pct=late_pct,
-                 skew_ms=skew_ms, skew_partition=skew_partition, window_ms=WINDOW)
+    generate_sql(duckdb.connect(), d, events, partitions=partitions, keys=keys, late_pct=late_pct,
+                 skew_ms=skew_ms, skew_partition=skew_partition, window_ms=window_ms)
     open(os.path.join(d, "done"), "w").close()
     return d
 
@@ -287,6 +296,60 @@ def time_format_jobs(events):
     return results
 
 
+def fresh_db(name):
+    db = os.path.join(OUT, f"{name}.duckdb")
+    for p in (db, db + ".wal", db + ".streaming_etl.sqlite"):
+        if os.path.exists(p):
+            os.remove(p)
+    return db
+
+
+def batch_rate(pattern, window, env=None):
+    b, brss = spawn_measured(["--child-batch", fresh_db("wm-batch"), pattern, "0", str(window)], env)
+    return b["events"] / b["elapsed_s"], brss
+
+
+def many_keys_jobs(events):
+    """500K keys, 60 s windows (nearly one window row per event: the run is output-bound), in
+    both write modes, against DuckDB's batch GROUP BY over the same files."""
+    d = generate("many-keys", events, keys=500_000, window_ms=60_000)
+    pattern = f"{d}/*.ndjson"
+    batch, batch_rss = batch_rate(pattern, 60_000)
+    results = []
+    for mode in ("upsert", "append"):
+        run, rss = spawn_measured(["--child-run", fresh_db("many-keys"), f"file:{pattern}",
+                                   json.dumps({"write_mode": f"'{mode}'", "flush": "true"}), "60000", "200"])
+        rate = run["stats"]["events_consumed"] / run["wall_s"]
+        r = {"scenario": f"500K keys, 60 s windows, write_mode '{mode}'", "events": run["stats"]["events_consumed"],
+             "events_per_sec": round(rate), "duckdb_batch_events_per_sec": round(batch),
+             "ratio_to_duckdb_batch": round(rate / batch, 3), "window_rows": run["window_rows"],
+             "peak_rss_mb": round(rss, 1), "duckdb_batch_peak_rss_mb": round(batch_rss, 1)}
+        print(json.dumps(r), flush=True)
+        results.append(r)
+    return results
+
+
+def memory_jobs(sizes, limit="256MB"):
+    """Peak RSS of whole runs over 1M, 10M and 30M events (50 keys, 1 s windows) with DuckDB's
+    memory_limit fixed, in both write modes, beside DuckDB's own batch query."""
+    env = {"BENCH_MEMORY_LIMIT": limit}
+    results = []
+    for events in sizes:
+        d = generate("memory", events)
+        pattern = f"{d}/*.ndjson"
+        batch, batch_rss = batch_rate(pattern, WINDOW, env)
+        r = {"events": events, "memory_limit": limit, "duckdb_batch_peak_rss_mb": round(batch_rss, 1),
+             "duckdb_batch_events_per_sec": round(batch)}
+        for mode in ("upsert", "append"):
+            run, rss = spawn_measured(["--child-run", fresh_db("memory"), f"file:{pattern}",
+                                       json.dumps({"write_mode": f"'{mode}'", "flush": "true"})], env)
+            r[f"{mode}_peak_rss_mb"] = round(rss, 1)
+            r[f"{mode}_events_per_sec"] = round(run["stats"]["events_consumed"] / run["wall_s"])
+        print(json.dumps(r), flush=True)
+        results.append(r)
+    return results
+
+
 def markdown_table(results):
     """The README's table."""
     lines = ["| scenario | events | events/s | comparison | ours / it | late injected / observed | false late | watermark lag ms | peak RSS MB | DB KB | s |",
@@ -329,8 +392,24 @@ def main():
     times = []
     if not only or only == "time-formats":
         times = time_format_jobs(500_000 if quick else 2_000_000)
+    many = []
+    if not only or only == "many-keys":
+        many = many_keys_jobs(1_000_000 if quick else 4_000_000)
+    memory = []
+    if not only or only == "memory":
+        memory = memory_jobs([1_000_000, 3_000_000] if quick else [1_000_000, 10_000_000, 30_000_000])
+    nexmark = []
+    if not only or only == "nexmark":
+        import bench_nexmark
+        nexmark = bench_nexmark.nexmark_jobs(200_000 if quick else 1_000_000, 100_000 if quick else 250_000,
+                                             10 if quick else 20)
+    latency = []
+    if not only or only == "latency":
+        import bench_latency
+        latency = bench_latency.latency_jobs(10 if quick else 30, 5 if quick else 10)
     meta = {"machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-            "date": time.strftime("%Y-%m-%d"), "results": results, "window_jobs": jobs, "time_formats": times}
+            "date": time.strftime("%Y-%m-%d"), "results": results, "window_jobs": jobs, "time_formats": times,
+            "many_keys": many, "memory": memory, "nexmark": nexmark, "latency": latency}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(meta, f, indent=1)
     print()
@@ -347,6 +426,26 @@ def main():
         print("|---|---|---|---|---|")
         for r in times:
             print(f"| {r['scenario']} | {r['events_per_sec']:,} | {r['ratio_to_integer']} | {r['late_events']:,} | {r['dead_letters']} |")
+    if many:
+        print()
+        print("| many keys (files, same events) | events/s | DuckDB batch events/s | ours / batch | window rows | peak RSS MB (batch) |")
+        print("|---|---|---|---|---|---|")
+        for r in many:
+            print(f"| {r['scenario']} | {r['events_per_sec']:,} | {r['duckdb_batch_events_per_sec']:,} | {r['ratio_to_duckdb_batch']} | "
+                  f"{r['window_rows']:,} | {r['peak_rss_mb']} ({r['duckdb_batch_peak_rss_mb']}) |")
+    if memory:
+        print()
+        print("| events (memory_limit 256MB) | upsert peak RSS MB | append peak RSS MB | DuckDB batch peak RSS MB | upsert / append / batch events/s |")
+        print("|---|---|---|---|---|")
+        for r in memory:
+            print(f"| {r['events']:,} | {r['upsert_peak_rss_mb']} | {r['append_peak_rss_mb']} | {r['duckdb_batch_peak_rss_mb']} | "
+                  f"{r['upsert_events_per_sec']:,} / {r['append_events_per_sec']:,} / {r['duckdb_batch_events_per_sec']:,} |")
+    if nexmark:
+        print()
+        print(bench_nexmark.markdown(nexmark))
+    if latency:
+        print()
+        print(bench_latency.markdown(latency))
     print()
     print(f"{'scenario':20} {'events':>10} {'ev/s':>10} {'vs batch':>9} {'vs raw':>7} {'false late':>10} {'recovery':>8} {'rss MB':>7}")
     for r in results:
@@ -359,6 +458,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child-run":
         child_run(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), *sys.argv[5:7])
     elif len(sys.argv) > 1 and sys.argv[1] == "--child-batch":
-        child_batch(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
+        child_batch(sys.argv[2], sys.argv[3], sys.argv[4] == "1", *sys.argv[5:6])
     else:
         main()

@@ -17,6 +17,7 @@ use streaming_etl_runtime::sink::Tables;
 
 use crate::args::{shown, Arg, Args};
 use crate::sandbox::Sandbox;
+use crate::sink::WriteMode;
 
 /// A setting registered with DuckDB (`SET name = '...'`): name, default, description.
 pub struct Setting {
@@ -98,6 +99,7 @@ pub enum P {
     Start,
     QuietFlushMs,
     Files,
+    WriteMode,
     Partitions,
     Checkpoint,
     CheckpointIntervalMs,
@@ -194,6 +196,7 @@ pub const RUN_PARAMS: &[Param] = &[
     param(P::TimeZone, "time_zone", ParamType::Varchar, "none", "`iso8601` only: the zone of times written without `Z` or an offset (`UTC` or an IANA name); without it they are dead letters"),
     param(P::NumericStrings, "numeric_strings", ParamType::Boolean, "false", "a value given as a decimal string (`\"19.90\"`) counts as that number"),
     param(P::MaxFutureMs, "max_future_ms", ParamType::BigInt, "none", "an event whose time is more than this far ahead of the wall clock is a dead letter"),
+    param(P::WriteMode, "write_mode", ParamType::Varchar, "`upsert`", "`upsert` (tables with primary keys, rows upserted) or `append` (tables without keys, rows appended; a replayed batch is recognised by its marker in `streaming_etl_batches`)"),
     param(P::WindowsTable, "windows_table", ParamType::Varchar, "`windows`", "output table of closed windows (`schema.table`, `catalog.schema.table`, quoted names allowed)"),
     param(P::LateTable, "late_table", ParamType::Varchar, "`late_events`", "output table of late events"),
     param(P::DeadLetterTable, "dead_letter_table", ParamType::Varchar, "`dead_letters`", "output table of rejected messages"),
@@ -453,6 +456,7 @@ pub struct RunPlan {
     pub start: Start,
     /// DuckDB's sandbox as the call found it (file sources list and open under it).
     pub sandbox: Sandbox,
+    pub write_mode: WriteMode,
 }
 
 /// Where a new job begins reading (its first run only; the checkpoint decides afterwards).
@@ -597,6 +601,23 @@ fn parse_start(given: &Given<'_>, is_kafka: bool) -> Result<Start> {
         ));
     }
     Ok(Start::Time(at))
+}
+
+/// `write_mode`.
+fn parse_write_mode(given: &Given<'_>) -> Result<WriteMode> {
+    match given
+        .text(P::WriteMode)?
+        .map(|f| f.to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("upsert") => Ok(WriteMode::Upsert),
+        Some("append") => Ok(WriteMode::Append),
+        Some(_) => Err(EtlError::invalid(
+            given.name(P::WriteMode),
+            "must be 'upsert' or 'append'",
+            shown(given.get(P::WriteMode).unwrap_or(&Arg::Null)),
+        )),
+    }
 }
 
 /// `files`: whether the rolling rule is on.
@@ -1093,9 +1114,13 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         aggregates,
     };
     let rolling = parse_files(&given)?;
+    let write_mode = parse_write_mode(&given)?;
     let mut extra = extra_settings(&engine, &value_field);
     if rolling {
         extra.insert("files".into(), "'rolling'".into());
+    }
+    if write_mode == WriteMode::Append {
+        extra.insert("write_mode".into(), "'append'".into());
     }
     let settings = JobSettings {
         source: topic.clone(),
@@ -1133,6 +1158,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         SourceSpec::Kafka { .. } => sandbox.check_network(&kafka.brokers)?,
     }
     Ok(RunPlan {
+        write_mode,
         start: parse_start(&given, is_kafka)?,
         sandbox,
         kafka,

@@ -127,7 +127,7 @@ fn start(plan: &RunPlan, host: &Arc<Host>) -> Result<Run> {
             host.memory_checkpoint()?,
         ),
     };
-    let sink = DuckSink::new(host.checkout()?);
+    let sink = DuckSink::new(host.checkout()?, plan.write_mode);
     Run::start(
         Arc::new(job.clone()),
         RunEnv {

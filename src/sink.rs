@@ -1,12 +1,19 @@
 //! The DuckDB sink: creates a job's tables from their declared schemas and writes a cycle's
-//! output through the extension's own connection, in one transaction, idempotently: rows are
-//! upserted by each table's primary key (windows by key and window start, late events and dead
-//! letters by topic, partition and offset), so applying a batch again after a crash changes
-//! nothing. A batch applied for the first time is appended straight into the tables with the
-//! `duckdb` Appender (its rows cannot exist yet); a batch applied again (the outbox after a
-//! crash), or one whose append hits rows that exist (a job restarted from scratch over its old
-//! tables), goes through a staging table and one `INSERT OR REPLACE ... SELECT` per table.
-//! Batched either way: no SQL text per row.
+//! output through the extension's own connection, in one transaction, idempotently.
+//!
+//! `upsert` mode: rows are upserted by each table's primary key (windows by key and window
+//! start, late events and dead letters by topic, partition and offset), so applying a batch
+//! again after a crash changes nothing. A batch applied for the first time is appended straight
+//! into the tables with the `duckdb` Appender (its rows cannot exist yet); a batch applied again
+//! (the outbox after a crash), or one whose append hits rows that exist (a job restarted from
+//! scratch over its old tables), goes through a staging table and one `INSERT OR REPLACE ...
+//! SELECT` per table.
+//!
+//! `append` mode (and any table the user created without a key): no index to maintain; the
+//! batch's number is written to a marker table in the same transaction, so a replay of a batch
+//! that was applied finds its marker and is skipped. Batched either way: no SQL text per row.
+
+use std::collections::HashMap;
 
 use duckdb::types::{ToSqlOutput, ValueRef};
 use duckdb::{appender_params_from_iter, Connection, ToSql};
@@ -20,13 +27,33 @@ use crate::params::{quote_ident, TableName};
 
 const STAGE: &str = "streaming_etl_stage";
 
+/// The table that records, per job, the last batch applied to tables without a primary key.
+pub const MARKER_TABLE: &str = "streaming_etl_batches";
+
+/// How the output tables are created and written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Tables with primary keys; rows upserted (a replay overwrites itself).
+    Upsert,
+    /// Tables without keys (no index to maintain); rows appended, and each batch recorded in
+    /// the marker table in the same transaction (a replay finds its marker and is skipped).
+    Append,
+}
+
 pub struct DuckSink {
     conn: PooledConn,
+    mode: WriteMode,
+    /// Per set of tables: which have a primary key, and the marker table when one has not.
+    prepared: HashMap<Tables, ([bool; 3], Option<String>)>,
 }
 
 impl DuckSink {
-    pub fn new(conn: PooledConn) -> DuckSink {
-        DuckSink { conn }
+    pub fn new(conn: PooledConn, mode: WriteMode) -> DuckSink {
+        DuckSink {
+            conn,
+            mode,
+            prepared: HashMap::new(),
+        }
     }
 }
 
@@ -77,25 +104,28 @@ impl ToSql for SqlCell<'_> {
     }
 }
 
-/// Makes sure `table` exists and has every column of `schema`.
-fn ensure_table(conn: &Connection, table: &str, schema: &TableSchema) -> Result<()> {
+/// Makes sure `table` exists and has every column of `schema`; returns whether it has a primary
+/// key (a table the user created without one is appended to, whatever the mode).
+fn ensure_table(conn: &Connection, table: &str, schema: &TableSchema) -> Result<bool> {
     conn.execute_batch(&format!(
         "CREATE TABLE IF NOT EXISTS {table} ({})",
         ddl_columns(schema)
     ))
     .map_err(|e| sink_error(table, e))?;
     let mut stmt = conn
-        .prepare(&format!("SELECT column_name FROM (DESCRIBE {table})"))
+        .prepare(&format!("SELECT column_name, key FROM (DESCRIBE {table})"))
         .map_err(|e| sink_error(table, e))?;
-    let have: Vec<String> = stmt
-        .query_map([], |r| r.get::<_, String>(0))
+    let have: Vec<(String, Option<String>)> = stmt
+        .query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
+        })
         .map_err(|e| sink_error(table, e))?
         .collect::<duckdb::Result<_>>()
         .map_err(|e| sink_error(table, e))?;
     let missing: Vec<&str> = schema
         .columns
         .iter()
-        .filter(|c| !have.iter().any(|h| h.eq_ignore_ascii_case(&c.name)))
+        .filter(|c| !have.iter().any(|(h, _)| h.eq_ignore_ascii_case(&c.name)))
         .map(|c| c.name.as_str())
         .collect();
     if !missing.is_empty() {
@@ -107,7 +137,7 @@ fn ensure_table(conn: &Connection, table: &str, schema: &TableSchema) -> Result<
             ),
         ));
     }
-    Ok(())
+    Ok(have.iter().any(|(_, k)| k.as_deref() == Some("PRI")))
 }
 
 /// Appends `rows` to `table` (its columns named, so a table with more columns works).
@@ -167,21 +197,53 @@ fn upsert(conn: &Connection, table: &str, schema: &TableSchema, rows: &Rows) -> 
     .map_err(err)
 }
 
-type Writer = fn(&Connection, &str, &TableSchema, &Rows) -> Result<()>;
+/// How a batch meets its tables.
+struct Plan<'a> {
+    /// Whether each of the three tables (windows, late, dead) has a primary key.
+    keyed: [bool; 3],
+    /// A keyed table takes the batch by appending (its rows cannot exist yet) rather than by
+    /// upserting.
+    append_keyed: bool,
+    /// The marker table that records the batch, when a table without a key takes part.
+    marker: Option<&'a str>,
+}
 
-/// Writes the batch's three tables in one transaction.
-fn write_batch(conn: &Connection, out: &Output<'_>, write: Writer) -> Result<()> {
+/// Writes the batch's three tables, and its marker, in one transaction.
+fn write_batch(conn: &Connection, out: &Output<'_>, plan: &Plan<'_>) -> Result<()> {
     conn.execute_batch("BEGIN TRANSACTION")
         .map_err(|e| EtlError::Duck(e.to_string()))?;
     let result = (|| {
-        write(
-            conn,
-            &out.tables.windows,
-            &out.schemas.windows,
-            &out.batch.windows,
-        )?;
-        write(conn, &out.tables.late, &out.schemas.late, &out.batch.late)?;
-        write(conn, &out.tables.dead, &out.schemas.dead, &out.batch.dead)?;
+        let parts = [
+            (
+                &out.tables.windows,
+                &out.schemas.windows,
+                &out.batch.windows,
+            ),
+            (&out.tables.late, &out.schemas.late, &out.batch.late),
+            (&out.tables.dead, &out.schemas.dead, &out.batch.dead),
+        ];
+        for ((table, schema, rows), keyed) in parts.into_iter().zip(plan.keyed) {
+            if !keyed || plan.append_keyed {
+                append(conn, table, schema, rows)?;
+            } else {
+                upsert(conn, table, schema, rows)?;
+            }
+        }
+        if let Some(marker) = plan.marker {
+            // Batches are applied in order, each one only once the ones before it are
+            // confirmed: the job's latest marker is the only one a replay can need.
+            conn.execute(
+                &format!("DELETE FROM {marker} WHERE job = ?"),
+                duckdb::params![out.job],
+            )
+            .and_then(|_| {
+                conn.execute(
+                    &format!("INSERT INTO {marker} VALUES (?, ?, ?, epoch_ms(now()))"),
+                    duckdb::params![out.job, out.job_created_ms, out.seq],
+                )
+            })
+            .map_err(|e| sink_error(marker, e))?;
+        }
         streaming_etl_runtime::fault::crash_point("sink-before-commit");
         conn.execute_batch("COMMIT")
             .map_err(|e| sink_error(&out.tables.windows, e))
@@ -194,16 +256,55 @@ fn write_batch(conn: &Connection, out: &Output<'_>, write: Writer) -> Result<()>
     result
 }
 
+/// Whether the marker table records this batch as applied.
+fn applied(conn: &Connection, marker: &str, out: &Output<'_>) -> Result<bool> {
+    conn.query_row(
+        &format!("SELECT count(*) FROM {marker} WHERE job = ? AND job_created_ms = ? AND seq = ?"),
+        duckdb::params![out.job, out.job_created_ms, out.seq],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n > 0)
+    .map_err(|e| sink_error(marker, e))
+}
+
+/// The marker table beside `windows` (same catalog and schema: one transaction writes both).
+fn marker_table(windows: &str) -> String {
+    let mut parts = TableName::parse(windows).map_or_else(Vec::new, |t| t.parts);
+    parts.pop();
+    parts.push(MARKER_TABLE.to_string());
+    parts
+        .iter()
+        .map(|p| quote_ident(p))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
 impl OutputSink for DuckSink {
     fn prepare(&mut self, tables: &Tables, schemas: &OutputSchemas) -> Result<()> {
         let conn = self.conn.conn()?;
-        for (table, schema) in [
+        let mut keyed = [false; 3];
+        for (i, (table, schema)) in [
             (&tables.windows, &schemas.windows),
             (&tables.late, &schemas.late),
             (&tables.dead, &schemas.dead),
-        ] {
-            ensure_table(conn, table, schema)?;
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let declared = match self.mode {
+                WriteMode::Upsert => schema.clone(),
+                WriteMode::Append => schema.without_key(),
+            };
+            keyed[i] = ensure_table(conn, table, &declared)?;
         }
+        let marker = (keyed != [true; 3]).then(|| marker_table(&tables.windows));
+        if let Some(m) = &marker {
+            conn.execute_batch(&format!(
+                "CREATE TABLE IF NOT EXISTS {m} (job VARCHAR, job_created_ms BIGINT, seq BIGINT, applied_ms BIGINT)"
+            ))
+            .map_err(|e| sink_error(m, e))?;
+        }
+        self.prepared.insert(tables.clone(), (keyed, marker));
         Ok(())
     }
 
@@ -212,9 +313,28 @@ impl OutputSink for DuckSink {
             return Ok(());
         }
         let conn = self.conn.conn()?;
-        if !out.replay && write_batch(conn, out, append).is_ok() {
+        let (keyed, marker) = self
+            .prepared
+            .get(out.tables)
+            .cloned()
+            .ok_or_else(|| EtlError::Internal("a batch for tables not prepared".into()))?;
+        let marker = marker.as_deref();
+        if out.replay {
+            if let Some(m) = marker {
+                if applied(conn, m, out)? {
+                    return Ok(());
+                }
+            }
+        }
+        let mut plan = Plan {
+            keyed,
+            append_keyed: !out.replay,
+            marker,
+        };
+        if plan.append_keyed && write_batch(conn, out, &plan).is_ok() {
             return Ok(());
         }
-        write_batch(conn, out, upsert)
+        plan.append_keyed = false;
+        write_batch(conn, out, &plan)
     }
 }

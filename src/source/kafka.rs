@@ -485,6 +485,33 @@ impl Reader {
         Ok(())
     }
 
+    /// Continuous runs: blocks until a partition has a message ready (librdkafka's own queue
+    /// wait, so a message is taken within a few milliseconds of its fetch), at most `timeout`.
+    fn wait_for_messages(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        if let Some(Err(e)) = self.consumer.poll(Duration::ZERO) {
+            self.consumer.context().set_last_error(kafka_error(&e));
+        }
+        if self.queues.is_empty() {
+            std::thread::sleep(timeout);
+            return;
+        }
+        // A short turn on each partition's queue until one has something (they fill at the
+        // same fetches, so waiting on them in turn costs little).
+        let turn = (timeout / self.queues.len() as u32)
+            .clamp(Duration::from_millis(1), Duration::from_millis(10));
+        loop {
+            for q in &mut self.queues {
+                if q.peek().is_some() || q.refill(turn.as_millis() as i32) > 0 {
+                    return;
+                }
+                if Instant::now() >= deadline {
+                    return;
+                }
+            }
+        }
+    }
+
     fn end_offset(&self, idx: usize) -> Option<i64> {
         let known = *self.ends.get(idx)?;
         if !self.follow {
@@ -525,7 +552,10 @@ impl Source for KafkaSource {
     }
 
     fn wait(&mut self, timeout: Duration) {
-        std::thread::sleep(timeout.min(Duration::from_millis(50)));
+        match self.reader.as_mut() {
+            Some(r) => r.wait_for_messages(timeout),
+            None => std::thread::sleep(timeout),
+        }
     }
 
     fn position(&self, idx: usize) -> Option<i64> {

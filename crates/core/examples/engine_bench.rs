@@ -66,7 +66,16 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let mut state = ReadState::new(source.partitions().len());
+    // STREAMING_ETL_DECODE_THREADS=n: parse ahead of the merge on n threads (0: one at a time).
+    let threads: usize = std::env::var("STREAMING_ETL_DECODE_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut state = if threads > 0 {
+        ReadState::decode_ahead(source.partitions().len(), &cfg, threads)
+    } else {
+        ReadState::new(source.partitions().len())
+    };
     let mut batch = Batch::new(&cfg.schemas());
     let (mut windows, mut late, mut dead) = (0usize, 0usize, 0usize);
     let start = Instant::now();

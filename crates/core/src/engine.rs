@@ -4,6 +4,7 @@
 
 use crate::aggregate::{AggSpec, Input};
 use crate::decode::{Decoder, FieldPath};
+use crate::prefetch::Chunk;
 use crate::record::{late_key, KeyColumn, Plan, Reject};
 use crate::rows::{ColumnType, TableSchema};
 use crate::session::SessionStore;
@@ -205,7 +206,8 @@ pub struct Engine {
     /// The `topic` column of late events and dead letters.
     topic: String,
     plan: Plan,
-    decoder: Decoder,
+    /// Taken out while an event is read (its fields borrow it); always put back.
+    decoder: Option<Decoder>,
     windows: Windows,
     marks: Watermarks,
     partitions: Vec<i32>,
@@ -237,7 +239,7 @@ impl Engine {
         };
         let partitions = &restored.partitions;
         Ok(Engine {
-            decoder: Decoder::new(plan.paths().to_vec()),
+            decoder: Some(Decoder::new(plan.paths().to_vec())),
             plan,
             topic: topic.to_string(),
             windows,
@@ -295,6 +297,11 @@ impl Engine {
         self.out.late.len() + self.out.dead.len()
     }
 
+    /// Windows closed since the output was last taken.
+    pub fn closed_windows_waiting(&self) -> bool {
+        !self.out.windows.is_empty()
+    }
+
     /// Every partition's position and event-time progress, for a checkpoint.
     pub fn progress(&self) -> Vec<PartitionProgress> {
         self.partitions
@@ -331,38 +338,83 @@ impl Engine {
         let partition = self.partitions[idx];
         let mut inputs = [Input::Skip; MAX_AGGREGATES];
         let n = self.cfg.aggregates.len();
-        let fields = match self.decoder.decode(msg.payload) {
+        // Taken out for the event (no allocation): the fields borrow the decoder while the
+        // event goes into the windows.
+        let mut key = std::mem::take(&mut self.key);
+        let mut decoder = self
+            .decoder
+            .take()
+            .unwrap_or_else(|| Decoder::new(self.plan.paths().to_vec()));
+        let fields = match decoder.decode(msg.payload) {
             Ok(f) => f,
-            Err(e) => return self.dead(partition, msg, Reject::Syntax(e)),
+            Err(e) => {
+                self.key = key;
+                self.decoder = Some(decoder);
+                return self.dead(partition, msg, Reject::Syntax(e));
+            }
         };
         let read = self.plan.time(&fields, msg.timestamp).and_then(|t| {
-            if self
-                .cfg
-                .max_future_ms
-                .is_some_and(|m| t > self.now_ms.saturating_add(m))
-            {
+            if self.too_far_ahead(t) {
                 return Err(Reject::TooFarAhead);
             }
-            self.plan.key(&fields, msg.key, &mut self.key)?;
+            self.plan.key(&fields, msg.key, &mut key)?;
             self.plan.inputs(&fields, &mut inputs[..n])?;
             Ok(t)
         });
-        let t = match read {
-            Ok(t) => t,
-            Err(r) => return self.dead(partition, msg, r),
+        match read {
+            Ok(t) => self.place(idx, msg, t, &key, &inputs[..n]),
+            Err(r) => self.dead(partition, msg, r),
+        }
+        self.key = key;
+        self.decoder = Some(decoder);
+    }
+
+    /// Processes message `i` of a chunk parsed ahead (see `prefetch`): the same outcome as
+    /// [`Engine::process`] on that message.
+    #[inline]
+    pub fn process_parsed(&mut self, idx: usize, chunk: &Chunk, i: usize) {
+        self.counters.events_consumed += 1;
+        let msg = chunk.message(i);
+        self.next_offsets[idx] = msg.next_offset;
+        let partition = self.partitions[idx];
+        let read = match chunk.parsed(i) {
+            (Err(r), _) => Err(r),
+            (Ok(t), _) if self.too_far_ahead(t) => Err(Reject::TooFarAhead),
+            (Ok(_), Err(r)) => Err(r),
+            (Ok(t), Ok(())) => Ok(t),
         };
+        match read {
+            Ok(t) => {
+                let mut inputs = [Input::Skip; MAX_AGGREGATES];
+                let n = self.cfg.aggregates.len();
+                chunk.inputs(i, &mut inputs[..n]);
+                self.place(idx, &msg, t, chunk.key(i), &inputs[..n]);
+            }
+            Err(r) => self.dead(partition, &msg, r),
+        }
+    }
+
+    #[inline]
+    fn too_far_ahead(&self, t: i64) -> bool {
+        self.cfg
+            .max_future_ms
+            .is_some_and(|m| t > self.now_ms.saturating_add(m))
+    }
+
+    /// An event that read well: into its window(s), or late; then the watermark.
+    #[inline]
+    fn place(&mut self, idx: usize, msg: &Message<'_>, t: i64, key: &[u8], inputs: &[Input<'_>]) {
+        let partition = self.partitions[idx];
         let watermark = self.marks.global_ms();
         let late = match &mut self.windows {
             Windows::Panes(p) => p.late_window(t, watermark).map(|()| {
-                p.add(t, &self.key, &inputs[..n], &self.cfg.aggregates);
+                p.add(t, key, inputs, &self.cfg.aggregates);
             }),
-            Windows::Sessions(s) => {
-                s.add(t, &self.key, &inputs[..n], &self.cfg.aggregates, watermark)
-            }
+            Windows::Sessions(s) => s.add(t, key, inputs, &self.cfg.aggregates, watermark),
         };
         if let Err((start, end)) = late {
             self.counters.late_events += 1;
-            let has_key = late_key(&self.key, self.cfg.keys.len(), &mut self.late_key);
+            let has_key = late_key(key, self.cfg.keys.len(), &mut self.late_key);
             // Decoding checked the message is UTF-8.
             let payload = std::str::from_utf8(msg.payload).unwrap_or_default();
             self.out

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod error;
 pub mod hll;
 pub mod pipeline;
+pub mod prefetch;
 pub mod record;
 pub mod rows;
 pub mod session;

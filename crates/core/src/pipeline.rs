@@ -13,6 +13,7 @@ pub use crate::engine::{
     Counters, Engine, EngineConfig, PartitionProgress, Restored, TimeSpec, WindowKind,
 };
 use crate::error::Result;
+use crate::prefetch::DecodeAhead;
 use crate::source::{Message, Pull, Source};
 use crate::watermark::NO_WATERMARK;
 
@@ -76,19 +77,45 @@ const WAIT: Duration = Duration::from_millis(50);
 const DISCOVER_EVERY: Duration = Duration::from_millis(1000);
 
 /// What the reader keeps between the cycles of a run.
-#[derive(Debug, Clone)]
 pub struct ReadState {
     /// Partitions caught up in this look (a continuous run looks again after a wait).
     pub exhausted: Vec<bool>,
     /// When the source was last asked for new partitions.
     last_discover: Instant,
+    /// Messages read and parsed ahead of the merge on other threads (None: one at a time).
+    ahead: Option<DecodeAhead>,
 }
 
 impl ReadState {
+    /// Reads one message at a time, on the calling thread.
     pub fn new(partitions: usize) -> ReadState {
         ReadState {
             exhausted: vec![false; partitions],
             last_discover: Instant::now(),
+            ahead: None,
+        }
+    }
+
+    /// Parses messages ahead of the merge on `workers` threads (see `prefetch`); one at a time
+    /// when no thread can be started.
+    pub fn decode_ahead(partitions: usize, cfg: &EngineConfig, workers: usize) -> ReadState {
+        ReadState {
+            ahead: DecodeAhead::start(cfg, workers),
+            ..ReadState::new(partitions)
+        }
+    }
+
+    /// Whether the source's own position in the partition (see `Source::position`) is where
+    /// the engine stands: nothing it delivered is still waiting to be applied.
+    pub fn drained(&self, idx: usize) -> bool {
+        self.ahead.as_ref().is_none_or(|a| a.drained(idx))
+    }
+
+    /// A continuous run looks at every partition again after a wait.
+    fn look_again(&mut self) {
+        self.exhausted.fill(false);
+        if let Some(a) = self.ahead.as_mut() {
+            a.look_again();
         }
     }
 
@@ -205,22 +232,23 @@ pub fn read_cycle(
             if !limits.follow {
                 return Ok(Stop::CaughtUp);
             }
+            if engine.closed_windows_waiting() {
+                // Caught up with windows just closed: committed now, not at the cycle's end
+                // (a window's row is visible within moments of the watermark passing it).
+                return Ok(Stop::CycleEnd);
+            }
             let now = Instant::now();
             if let Some(s) = limits.deadline_passed(now) {
                 return Ok(s);
             }
             source.wait(WAIT.min(limits.next_deadline().saturating_duration_since(now)));
             state.discover_due(engine, source, wall_ms())?;
-            state.exhausted.fill(false);
+            state.look_again();
             continue;
         };
-        let mut first = true;
-        let pulled = source.pull(idx, &mut |msg: &Message<'_>| {
-            if first {
-                engine.delivered(idx);
-                first = false;
-            }
-            engine.process(idx, msg);
+        let mut delivered = false;
+        let mut after = |engine: &mut Engine| -> bool {
+            delivered = true;
             remaining -= 1;
             cycle_left = cycle_left.saturating_sub(1);
             since_clock += 1;
@@ -244,7 +272,21 @@ pub fn read_cycle(
                 return false;
             }
             second.is_none_or(|s| engine.order_key(idx) < s)
-        })?;
+        };
+        let pulled = match state.ahead.as_mut() {
+            Some(ahead) => ahead.deliver(idx, source, engine, &mut after)?,
+            None => {
+                let mut first = true;
+                source.pull(idx, &mut |msg: &Message<'_>| {
+                    if first {
+                        engine.delivered(idx);
+                        first = false;
+                    }
+                    engine.process(idx, msg);
+                    after(engine)
+                })?
+            }
+        };
         if pulled == Pull::Exhausted {
             state.exhausted[idx] = true;
             absorb_gaps(engine, source);
@@ -258,7 +300,7 @@ pub fn read_cycle(
         // Switching partitions can happen every message: look at the clock every few pulls,
         // and after any pull that delivered nothing (it may have waited for the broker).
         pulls += 1;
-        if pulls < PULLS_PER_CLOCK && !first {
+        if pulls < PULLS_PER_CLOCK && delivered {
             continue;
         }
         pulls = 0;
@@ -355,6 +397,16 @@ mod tests {
     /// engine's own progress (as a new run from a checkpoint would); returns sorted windows,
     /// late (partition, offset) pairs and the dead count.
     fn run(data: &[Vec<String>], stop_every: u64, flush: bool) -> (Windows, Vec<(i32, i64)>, u64) {
+        run_with(data, stop_every, flush, false)
+    }
+
+    /// As `run`, reading one message at a time or decoding ahead on worker threads.
+    fn run_with(
+        data: &[Vec<String>],
+        stop_every: u64,
+        flush: bool,
+        ahead: bool,
+    ) -> (Windows, Vec<(i32, i64)>, u64) {
         let mut eng = engine(data.len(), 1000, 200);
         let mut windows = Vec::new();
         let mut late = Vec::new();
@@ -362,7 +414,11 @@ mod tests {
         loop {
             let starts: Vec<i64> = eng.progress().iter().map(|p| p.next_offset).collect();
             let mut src = MemorySource::new(data.to_vec(), &starts);
-            let mut state = ReadState::new(data.len());
+            let mut state = if ahead {
+                ReadState::decode_ahead(data.len(), &config(1000, 200), 2)
+            } else {
+                ReadState::new(data.len())
+            };
             let stop =
                 read_cycle(&mut eng, &mut src, &mut state, &limits(stop_every), &|| 0).unwrap();
             if stop == Stop::CaughtUp && flush {
@@ -537,11 +593,15 @@ mod tests {
     }
 
     fn skewed_data() -> Vec<Vec<String>> {
+        skewed_data_of(400)
+    }
+
+    fn skewed_data_of(per_partition: i64) -> Vec<Vec<String>> {
         // Four partitions; partition 2 is 5 s behind; every 20th event is 2-5 windows late;
         // a few bad lines.
         (0..4)
             .map(|p| {
-                (0..400)
+                (0..per_partition)
                     .map(|i| {
                         let base = 1_000_000 + i * 40 + p * 10 - if p == 2 { 5000 } else { 0 };
                         if i % 97 == 13 {
@@ -575,6 +635,21 @@ mod tests {
                 run(&data, every, true),
                 straight,
                 "stopping every {every} messages"
+            );
+        }
+    }
+
+    #[test]
+    fn decoding_ahead_equals_reading_one_at_a_time() {
+        // Several chunks per partition, and the merge switching partitions inside chunks.
+        let data = skewed_data_of(3000);
+        let straight = run(&data, u64::MAX, true);
+        assert!(!straight.1.is_empty() && straight.2 > 0);
+        for every in [u64::MAX, 997, 4096] {
+            assert_eq!(
+                run_with(&data, every, true, true),
+                straight,
+                "decoding ahead, stopping every {every} messages"
             );
         }
     }

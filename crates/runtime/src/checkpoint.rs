@@ -72,6 +72,9 @@ pub struct StoredJob {
     pub watermark_ms: i64,
     pub open_windows: Option<Vec<u8>>,
     pub next_seq: i64,
+    /// When the job was created: with its name, it tells this job from an earlier one of the
+    /// same name whose checkpoint was deleted.
+    pub created_ms: i64,
     pub partitions: Vec<PartitionState>,
 }
 
@@ -239,7 +242,7 @@ impl Checkpoint {
         let head = db
             .query_row(
                 "SELECT source, window_ms, lateness_ms, key_field, time_field, value_field,
-                        watermark_ms, open_windows, next_seq, settings FROM jobs WHERE job = ?1",
+                        watermark_ms, open_windows, next_seq, settings, created_ms FROM jobs WHERE job = ?1",
                 [job],
                 |r| {
                     Ok((
@@ -255,12 +258,13 @@ impl Checkpoint {
                         r.get::<_, Option<i64>>(6)?,
                         r.get::<_, Option<Vec<u8>>>(7)?,
                         r.get::<_, i64>(8)?,
+                        r.get::<_, i64>(10)?,
                     ))
                 },
             )
             .optional()
             .map_err(&err)?;
-        let Some((settings, watermark, open_windows, next_seq)) = head else {
+        let Some((settings, watermark, open_windows, next_seq, created_ms)) = head else {
             return Ok(None);
         };
         let mut stmt = db
@@ -291,6 +295,7 @@ impl Checkpoint {
             watermark_ms: watermark.unwrap_or(NO_WATERMARK),
             open_windows,
             next_seq,
+            created_ms,
             partitions,
         }))
     }

@@ -28,6 +28,7 @@ pub struct CycleState {
 /// Where output goes and under which job.
 pub struct Target {
     pub job: String,
+    pub job_created_ms: i64,
     pub topic: String,
     pub tables: Tables,
     pub schemas: Arc<OutputSchemas>,
@@ -192,6 +193,7 @@ fn commit(
         sink.apply(&Output {
             job: &target.job,
             seq: p.seq,
+            job_created_ms: target.job_created_ms,
             tables: &target.tables,
             schemas: &target.schemas,
             batch: &state.batch,

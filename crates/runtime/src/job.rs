@@ -68,6 +68,8 @@ pub struct Run {
     next_seq: i64,
     started: Instant,
     run_deadline: Option<Instant>,
+    /// When the next result row is due (rows are due every checkpoint interval).
+    next_row_due: Option<Instant>,
     cycles: u64,
     stop: Option<Stop>,
     clock: Arc<dyn Clock>,
@@ -95,7 +97,12 @@ fn restore(checkpoint: &Checkpoint, cfg: &JobConfig) -> Result<Option<StoredJob>
 }
 
 /// Applies the output a killed run committed to the checkpoint but may not have written.
-fn replay_pending(checkpoint: &Checkpoint, job: &str, sink: &mut dyn OutputSink) -> Result<()> {
+fn replay_pending(
+    checkpoint: &Checkpoint,
+    job: &str,
+    job_created_ms: i64,
+    sink: &mut dyn OutputSink,
+) -> Result<()> {
     for p in checkpoint.pending(job)? {
         let (schemas, batch) = Batch::decode(&p.batch, &p.topic)
             .map_err(|e| EtlError::checkpoint(checkpoint.path(), e))?;
@@ -108,6 +115,7 @@ fn replay_pending(checkpoint: &Checkpoint, job: &str, sink: &mut dyn OutputSink)
         sink.apply(&Output {
             job,
             seq: p.seq,
+            job_created_ms,
             tables: &tables,
             schemas: &schemas,
             batch: &batch,
@@ -154,6 +162,14 @@ fn resume_engine(
     Ok(engine)
 }
 
+/// Threads that parse messages ahead of the merge: every core but the one the merge (and the
+/// commit thread) run on, at least one, at most three.
+fn decode_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get().saturating_sub(1))
+        .clamp(1, 3)
+}
+
 impl Run {
     pub fn start(cfg: Arc<JobConfig>, env: RunEnv) -> Result<Run> {
         let started = Instant::now();
@@ -168,7 +184,8 @@ impl Run {
         let stored = restore(&checkpoint, &cfg)?;
         let schemas = Arc::new(cfg.engine.schemas());
         sink.prepare(&cfg.tables, &schemas)?;
-        replay_pending(&checkpoint, &cfg.job, sink.as_mut())?;
+        let job_created_ms = stored.as_ref().map_or(now, |s| s.created_ms);
+        replay_pending(&checkpoint, &cfg.job, job_created_ms, sink.as_mut())?;
         let mut source = open_source(stored.as_ref().map_or(&[][..], |s| &s.partitions[..]))?;
         // A new job is only written to the checkpoint once its source has opened, so a run that
         // fails at once (no such topic, unreachable broker) leaves nothing behind.
@@ -184,16 +201,18 @@ impl Run {
             sink,
             Target {
                 job: cfg.job.clone(),
+                job_created_ms,
                 topic: cfg.topic.clone(),
                 tables: cfg.tables.clone(),
                 schemas: Arc::clone(&schemas),
             },
         )?;
         Ok(Run {
+            next_row_due: None,
             run_deadline: cfg
                 .max_runtime_ms
                 .map(|ms| started + Duration::from_millis(ms as u64)),
-            read: ReadState::new(source.partitions().len()),
+            read: ReadState::decode_ahead(source.partitions().len(), &cfg.engine, decode_threads()),
             next_seq: stored.as_ref().map_or(1, |s| s.next_seq),
             cfg,
             source,
@@ -223,8 +242,14 @@ impl Run {
         self.confirm(false)?;
         // One row goes back to DuckDB per checkpoint interval; within it, sub-cycles of at most
         // MAX_CYCLE_MESSAGES go to the committer as they are read.
-        let row_due =
-            Instant::now() + Duration::from_millis(self.cfg.checkpoint_interval_ms as u64);
+        // Rows are due on a fixed grid, so a cycle that ran long does not push the next ones back.
+        let interval = Duration::from_millis(self.cfg.checkpoint_interval_ms as u64);
+        let now = Instant::now();
+        let row_due = match self.next_row_due {
+            Some(due) if due > now => due,
+            _ => now + interval,
+        };
+        self.next_row_due = Some(row_due + interval);
         let clock = Arc::clone(&self.clock);
         let wall = move || clock.wall_ms();
         let stop = loop {
@@ -304,6 +329,7 @@ impl Run {
                     next_offset: self
                         .source
                         .position(i)
+                        .filter(|_| self.read.drained(i))
                         .map_or(p.next_offset, |at| at.max(p.next_offset)),
                     max_event_time_ms: p.clock.max_event_time_ms,
                     last_delivery_ms: p.clock.last_delivery_ms,

@@ -7,7 +7,7 @@ use streaming_etl_core::state::{Batch, OutputSchemas};
 /// The three output tables of a job, as the sink names them (for DuckDB: quoted, possibly
 /// qualified SQL names). Stored with each batch in the outbox, so a batch is re-applied to the
 /// tables it was meant for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Tables {
     pub windows: String,
     pub late: String,
@@ -19,6 +19,9 @@ pub struct Output<'a> {
     pub job: &'a str,
     /// The batch's sequence number in the job (increasing; a replay has the same number).
     pub seq: i64,
+    /// When the job was created (`job` and this tell one job from an earlier one of the same
+    /// name, whose batch numbers started at 1 too).
+    pub job_created_ms: i64,
     pub tables: &'a Tables,
     pub schemas: &'a OutputSchemas,
     pub batch: &'a Batch,

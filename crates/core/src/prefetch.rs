@@ -1,0 +1,513 @@
+//! Decoding ahead of the event-time merge. A partition's next messages are taken off the source
+//! in chunks and parsed (JSON to event time, key and aggregate inputs) on worker threads while
+//! the merge applies earlier chunks, so a run uses more than one core. What a message parses to
+//! depends on nothing but the message, so the merge order, which events are late, and where a
+//! run resumes are exactly those of reading one message at a time.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use crate::aggregate::Input;
+use crate::decode::Decoder;
+use crate::engine::{Engine, EngineConfig, MAX_AGGREGATES};
+use crate::error::{EtlError, Result};
+use crate::record::{Plan, Reject};
+use crate::source::{Message, Pull, Source};
+
+/// Messages per chunk (and bytes: whichever comes first).
+const CHUNK_MESSAGES: usize = 1024;
+const CHUNK_BYTES: usize = 256 << 10;
+/// Chunks a partition may have read ahead (being parsed or parsed and waiting).
+const DEPTH: usize = 3;
+
+/// An aggregate input as parsed, owned by its chunk (text as a range of the chunk's arena).
+#[derive(Debug, Clone, Copy)]
+enum OwnedInput {
+    Skip,
+    Num(f64),
+    Text(usize, usize),
+    Hash(u64),
+    Present,
+}
+
+/// Messages of one partition, as read and then as parsed. Reused from run to run of the pool.
+#[derive(Default)]
+pub struct Chunk {
+    idx: usize,
+    seq: u64,
+    offsets: Vec<i64>,
+    next_offsets: Vec<i64>,
+    timestamps: Vec<Option<i64>>,
+    payload: Vec<u8>,
+    payload_ends: Vec<usize>,
+    /// Kafka message keys (None: the message had none).
+    msg_keys: Vec<u8>,
+    msg_key_ends: Vec<Option<usize>>,
+    /// The event time, or why the message is a dead letter before its time is known.
+    time: Vec<std::result::Result<i64, Reject>>,
+    /// Why the key or an input rejects the message (checked after the time, as one at a time).
+    rest: Vec<std::result::Result<(), Reject>>,
+    keys: Vec<u8>,
+    key_ends: Vec<usize>,
+    inputs: Vec<OwnedInput>,
+    texts: Vec<u8>,
+    n_inputs: usize,
+    /// The next message the merge applies.
+    pos: usize,
+    /// The worker that parsed it panicked.
+    failed: bool,
+}
+
+impl Chunk {
+    fn clear(&mut self) {
+        self.offsets.clear();
+        self.next_offsets.clear();
+        self.timestamps.clear();
+        self.payload.clear();
+        self.payload_ends.clear();
+        self.msg_keys.clear();
+        self.msg_key_ends.clear();
+        self.time.clear();
+        self.rest.clear();
+        self.keys.clear();
+        self.key_ends.clear();
+        self.inputs.clear();
+        self.texts.clear();
+        self.pos = 0;
+        self.failed = false;
+    }
+
+    fn len(&self) -> usize {
+        self.offsets.len()
+    }
+
+    fn push(&mut self, m: &Message<'_>) {
+        self.offsets.push(m.offset);
+        self.next_offsets.push(m.next_offset);
+        self.timestamps.push(m.timestamp);
+        self.payload.extend_from_slice(m.payload);
+        self.payload_ends.push(self.payload.len());
+        self.msg_key_ends.push(m.key.map(|k| {
+            self.msg_keys.extend_from_slice(k);
+            self.msg_keys.len()
+        }));
+    }
+
+    fn span(ends: &[usize], i: usize) -> (usize, usize) {
+        (if i == 0 { 0 } else { ends[i - 1] }, ends[i])
+    }
+
+    fn payload(&self, i: usize) -> &[u8] {
+        let (a, b) = Chunk::span(&self.payload_ends, i);
+        &self.payload[a..b]
+    }
+
+    fn msg_key(&self, i: usize) -> Option<&[u8]> {
+        let end = self.msg_key_ends[i]?;
+        let start = self.msg_key_ends[..i]
+            .iter()
+            .rev()
+            .find_map(|e| *e)
+            .unwrap_or(0);
+        Some(&self.msg_keys[start..end])
+    }
+
+    /// The message at `i` as the source delivered it.
+    pub fn message(&self, i: usize) -> Message<'_> {
+        Message {
+            offset: self.offsets[i],
+            next_offset: self.next_offsets[i],
+            payload: self.payload(i),
+            key: self.msg_key(i),
+            timestamp: self.timestamps[i],
+        }
+    }
+
+    /// What message `i` parsed to: its time (or the reason it has none), and the reason its key
+    /// or inputs reject it, if any.
+    pub fn parsed(
+        &self,
+        i: usize,
+    ) -> (
+        std::result::Result<i64, Reject>,
+        std::result::Result<(), Reject>,
+    ) {
+        (self.time[i], self.rest[i])
+    }
+
+    pub fn key(&self, i: usize) -> &[u8] {
+        let (a, b) = Chunk::span(&self.key_ends, i);
+        &self.keys[a..b]
+    }
+
+    /// Message `i`'s aggregate inputs into `out`.
+    pub fn inputs<'a>(&'a self, i: usize, out: &mut [Input<'a>]) {
+        let n = self.n_inputs;
+        for (k, o) in self.inputs[i * n..(i + 1) * n].iter().enumerate() {
+            out[k] = match *o {
+                OwnedInput::Skip => Input::Skip,
+                OwnedInput::Num(v) => Input::Num(v),
+                // The decoder checked the message is UTF-8.
+                OwnedInput::Text(a, b) => {
+                    Input::Text(std::str::from_utf8(&self.texts[a..b]).unwrap_or_default())
+                }
+                OwnedInput::Hash(h) => Input::Hash(h),
+                OwnedInput::Present => Input::Present,
+            };
+        }
+    }
+}
+
+/// Parses chunks: a decoder and the job's field plan of its own (one per worker).
+pub struct ChunkParser {
+    decoder: Decoder,
+    plan: Plan,
+    n: usize,
+    key: Vec<u8>,
+}
+
+impl ChunkParser {
+    pub fn new(cfg: &EngineConfig) -> ChunkParser {
+        let plan = Plan::new(cfg);
+        ChunkParser {
+            decoder: Decoder::new(plan.paths().to_vec()),
+            plan,
+            n: cfg.aggregates.len().min(MAX_AGGREGATES),
+            key: Vec::new(),
+        }
+    }
+
+    pub fn parse(&mut self, c: &mut Chunk) {
+        let n = self.n;
+        c.n_inputs = n;
+        for i in 0..c.len() {
+            let mut inputs = [Input::Skip; MAX_AGGREGATES];
+            let (a, b) = Chunk::span(&c.payload_ends, i);
+            let msg_key = c.msg_key_ends[i].map(|end| {
+                let start = c.msg_key_ends[..i]
+                    .iter()
+                    .rev()
+                    .find_map(|e| *e)
+                    .unwrap_or(0);
+                (start, end)
+            });
+            let payload = &c.payload[a..b];
+            let (time, rest) = match self.decoder.decode(payload) {
+                Err(e) => (Err(Reject::Syntax(e)), Ok(())),
+                Ok(fields) => match self.plan.time(&fields, c.timestamps[i]) {
+                    Err(r) => (Err(r), Ok(())),
+                    Ok(t) => {
+                        let key = msg_key.map(|(s, e)| &c.msg_keys[s..e]);
+                        let rest = self
+                            .plan
+                            .key(&fields, key, &mut self.key)
+                            .and_then(|()| self.plan.inputs(&fields, &mut inputs[..n]));
+                        if rest.is_ok() {
+                            c.keys.extend_from_slice(&self.key);
+                            for input in &inputs[..n] {
+                                c.inputs.push(match *input {
+                                    Input::Skip => OwnedInput::Skip,
+                                    Input::Num(v) => OwnedInput::Num(v),
+                                    Input::Text(s) => {
+                                        let start = c.texts.len();
+                                        c.texts.extend_from_slice(s.as_bytes());
+                                        OwnedInput::Text(start, c.texts.len())
+                                    }
+                                    Input::Hash(h) => OwnedInput::Hash(h),
+                                    Input::Present => OwnedInput::Present,
+                                });
+                            }
+                        }
+                        (Ok(t), rest)
+                    }
+                },
+            };
+            if time.is_err() || rest.is_err() {
+                c.inputs.extend(std::iter::repeat_n(OwnedInput::Skip, n));
+            }
+            c.key_ends.push(c.keys.len());
+            c.time.push(time);
+            c.rest.push(rest);
+        }
+    }
+}
+
+/// Worker threads that parse chunks.
+struct Pool {
+    jobs: Option<Sender<Chunk>>,
+    done: Receiver<Chunk>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    fn start(cfg: &EngineConfig, workers: usize) -> Option<Pool> {
+        let (jobs, inbox) = channel::<Chunk>();
+        let (report, done) = channel::<Chunk>();
+        let inbox = Arc::new(Mutex::new(inbox));
+        let mut handles = Vec::new();
+        for w in 0..workers {
+            let inbox = Arc::clone(&inbox);
+            let report = report.clone();
+            let mut parser = ChunkParser::new(cfg);
+            let spawned = std::thread::Builder::new()
+                .name(format!("streaming_etl-decode-{w}"))
+                .spawn(move || loop {
+                    let next = inbox.lock().unwrap_or_else(PoisonError::into_inner).recv();
+                    let Ok(mut chunk) = next else { return };
+                    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        parser.parse(&mut chunk)
+                    }))
+                    .is_ok();
+                    if !ok {
+                        chunk.failed = true;
+                        parser = ChunkParser {
+                            decoder: Decoder::new(parser.plan.paths().to_vec()),
+                            plan: parser.plan.clone(),
+                            n: parser.n,
+                            key: Vec::new(),
+                        };
+                    }
+                    if report.send(chunk).is_err() {
+                        return;
+                    }
+                });
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(_) if handles.is_empty() => return None,
+                Err(_) => break,
+            }
+        }
+        Some(Pool {
+            jobs: Some(jobs),
+            done,
+            workers: handles,
+        })
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.jobs = None;
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+/// A partition's chunks read ahead.
+#[derive(Default)]
+struct Lane {
+    /// Parsed chunks by sequence number, waiting for the merge.
+    ready: BTreeMap<u64, Chunk>,
+    /// Sequence numbers handed to the pool so far, and the next one the merge applies.
+    sent: u64,
+    next: u64,
+    /// The source had nothing more for this partition when last asked.
+    source_done: bool,
+}
+
+impl Lane {
+    fn ahead(&self) -> usize {
+        (self.sent - self.next) as usize
+    }
+}
+
+/// Decoding ahead for one run: the pool, each partition's lane, spare chunks.
+pub struct DecodeAhead {
+    pool: Pool,
+    lanes: Vec<Lane>,
+    spare: Vec<Chunk>,
+}
+
+impl DecodeAhead {
+    /// None when no worker thread could be started (the run then reads one message at a time).
+    pub fn start(cfg: &EngineConfig, workers: usize) -> Option<DecodeAhead> {
+        Some(DecodeAhead {
+            pool: Pool::start(cfg, workers.max(1))?,
+            lanes: Vec::new(),
+            spare: Vec::new(),
+        })
+    }
+
+    fn lane(&mut self, idx: usize) -> &mut Lane {
+        if self.lanes.len() <= idx {
+            self.lanes.resize_with(idx + 1, Lane::default);
+        }
+        &mut self.lanes[idx]
+    }
+
+    /// The partition may have more: look again (continuous runs, after a wait).
+    pub fn look_again(&mut self) {
+        for l in &mut self.lanes {
+            l.source_done = false;
+        }
+    }
+
+    /// Whether everything the source delivered for the partition has been applied (only then
+    /// is the source's own position the partition's).
+    pub fn drained(&self, idx: usize) -> bool {
+        self.lanes
+            .get(idx)
+            .is_none_or(|l| l.ahead() == 0 && l.ready.is_empty())
+    }
+
+    /// Reads chunks off the source until the partition has DEPTH ahead or the source has
+    /// nothing more for now.
+    fn fill(&mut self, idx: usize, source: &mut dyn Source) -> Result<()> {
+        while self.lane(idx).ahead() < DEPTH && !self.lane(idx).source_done {
+            let mut chunk = self.spare.pop().unwrap_or_default();
+            chunk.clear();
+            let pulled = source.pull(idx, &mut |m: &Message<'_>| {
+                chunk.push(m);
+                chunk.len() < CHUNK_MESSAGES && chunk.payload.len() < CHUNK_BYTES
+            })?;
+            let lane = self.lane(idx);
+            if pulled == Pull::Exhausted {
+                lane.source_done = true;
+            }
+            if chunk.len() == 0 {
+                self.spare.push(chunk);
+                break;
+            }
+            chunk.idx = idx;
+            chunk.seq = lane.sent;
+            lane.sent += 1;
+            let jobs = self
+                .pool
+                .jobs
+                .as_ref()
+                .ok_or_else(|| EtlError::Internal("decode pool closed".into()))?;
+            jobs.send(chunk)
+                .map_err(|_| EtlError::Internal("the decode threads stopped".into()))?;
+        }
+        Ok(())
+    }
+
+    /// The partition's next chunk in order, waiting for the pool if it is being parsed; None
+    /// when nothing is ahead.
+    fn next_chunk(&mut self, idx: usize) -> Result<Option<Chunk>> {
+        loop {
+            let lane = self.lane(idx);
+            if lane.ahead() == 0 {
+                return Ok(None);
+            }
+            let want = lane.next;
+            if let Some(c) = lane.ready.remove(&want) {
+                if c.failed {
+                    return Err(EtlError::Internal("a decode thread panicked".into()));
+                }
+                return Ok(Some(c));
+            }
+            let c = self
+                .pool
+                .done
+                .recv()
+                .map_err(|_| EtlError::Internal("the decode threads stopped".into()))?;
+            let (i, s) = (c.idx, c.seq);
+            self.lane(i).ready.insert(s, c);
+        }
+    }
+
+    /// Applies the partition's messages to the engine, in order, until `after` returns false
+    /// (it is called after each one) or nothing more is there for now.
+    pub fn deliver(
+        &mut self,
+        idx: usize,
+        source: &mut dyn Source,
+        engine: &mut Engine,
+        each: &mut dyn FnMut(&mut Engine) -> bool,
+    ) -> Result<Pull> {
+        let mut first = true;
+        loop {
+            self.fill(idx, source)?;
+            let Some(mut chunk) = self.next_chunk(idx)? else {
+                return Ok(Pull::Exhausted);
+            };
+            let mut paused = false;
+            while chunk.pos < chunk.len() {
+                if first {
+                    engine.delivered(idx);
+                    first = false;
+                }
+                engine.process_parsed(idx, &chunk, chunk.pos);
+                chunk.pos += 1;
+                if !each(engine) {
+                    paused = true;
+                    break;
+                }
+            }
+            if chunk.pos < chunk.len() {
+                // Put back: the merge comes back to it.
+                let seq = chunk.seq;
+                self.lane(idx).ready.insert(seq, chunk);
+            } else {
+                self.lane(idx).next += 1;
+                self.spare.push(chunk);
+            }
+            if paused {
+                return Ok(Pull::Paused);
+            }
+            // A partition the merge keeps reading asks the source again; one that had
+            // nothing more for now is caught up once its chunks are applied.
+            if self.lane(idx).source_done && self.lane(idx).ahead() == 0 {
+                return Ok(Pull::Exhausted);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::FieldPath;
+    use crate::engine::TimeSpec;
+
+    fn cfg() -> EngineConfig {
+        let p = |s: &str| FieldPath::parse(s).unwrap();
+        EngineConfig::with_defaults(
+            TimeSpec {
+                window_ms: 1000,
+                lateness_ms: 0,
+                idle_timeout_ms: None,
+            },
+            p("key"),
+            p("event_time_ms"),
+            &p("payload.value"),
+        )
+    }
+
+    #[test]
+    fn a_chunk_parses_as_messages_one_at_a_time_do() {
+        let mut c = Chunk::default();
+        let lines = [
+            r#"{"key":"a","event_time_ms":1500,"payload":{"value":2.5}}"#,
+            "not json",
+            r#"{"key":"b","event_time_ms":"x"}"#,
+            r#"{"key":7,"event_time_ms":2500}"#,
+            r#"{"event_time_ms":2500}"#,
+        ];
+        for (i, l) in lines.iter().enumerate() {
+            c.push(&Message {
+                offset: i as i64,
+                next_offset: i as i64 + 1,
+                payload: l.as_bytes(),
+                key: (i == 4).then_some(b"kafka-key".as_slice()),
+                timestamp: None,
+            });
+        }
+        ChunkParser::new(&cfg()).parse(&mut c);
+        assert_eq!(c.parsed(0), (Ok(1500), Ok(())));
+        assert!(matches!(c.parsed(1).0, Err(Reject::Syntax(_))));
+        assert!(c.parsed(2).0.is_err());
+        assert_eq!(c.parsed(3), (Ok(2500), Ok(())));
+        assert_eq!(c.key(4), b"kafka-key");
+        assert_eq!(c.key(3), b"7");
+        let mut inputs = [Input::Skip; MAX_AGGREGATES];
+        c.inputs(0, &mut inputs[..4]);
+        assert!(matches!(inputs[1], Input::Num(v) if v == 2.5));
+        assert_eq!(c.message(1).payload, b"not json");
+        assert_eq!(c.message(4).key, Some(b"kafka-key".as_slice()));
+    }
+}
