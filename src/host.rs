@@ -21,6 +21,9 @@ pub const POOL_SIZE: usize = 4;
 /// used (when a user is most likely to close the database and open it again), rarely once it
 /// has been idle for a while, since each look is a small query (0.2-1 ms of CPU measured here:
 /// about 12% of a core while looking every 2 ms, 2% every 50 ms, 0.4% every 250 ms).
+/// How long the database must have had no user connection before the extension lets go of it.
+const RELEASE_GRACE: Duration = Duration::from_millis(20);
+
 fn watch_interval(idle_for: Duration) -> Duration {
     match idle_for.as_secs() {
         0..=1 => Duration::from_millis(2),
@@ -31,6 +34,8 @@ fn watch_interval(idle_for: Duration) -> Duration {
 
 pub struct Host {
     pool: Mutex<Vec<Connection>>,
+    /// Since when the watcher has seen no user connection (and no run).
+    unused_since: Mutex<Option<Instant>>,
     freed: Condvar,
     /// Connections the extension holds (the pool may shrink to one, see release_if_unused).
     size: AtomicUsize,
@@ -75,6 +80,7 @@ impl Host {
         let host = Arc::new(Host {
             size: AtomicUsize::new(conns.len()),
             pool: Mutex::new(conns),
+            unused_since: Mutex::new(None),
             freed: Condvar::new(),
             released: AtomicBool::new(false),
             last_activity: Mutex::new(Instant::now()),
@@ -127,13 +133,27 @@ impl Host {
         }
         let mut pool = lock(&self.pool);
         let size = self.size.load(Ordering::SeqCst);
+        let mut unused_since = lock(&self.unused_since);
         // A run in progress means a user connection is running it.
         if pool.len() < size || pool.is_empty() {
+            *unused_since = None;
             return false;
         }
         if !matches!(connection_count(&pool[0]), Ok(n) if n <= size as i64) {
+            *unused_since = None;
             return false;
         }
+        // Only once no user connection has been seen for a while: a user who closes and at
+        // once reconnects (to the same, still open database) keeps the extension as it is.
+        match *unused_since {
+            None => {
+                *unused_since = Some(Instant::now());
+                return false;
+            }
+            Some(t) if t.elapsed() < RELEASE_GRACE => return false,
+            Some(_) => {}
+        }
+        drop(unused_since);
         let Some(last) = pool.pop() else {
             return false;
         };

@@ -2,6 +2,9 @@
 //! type, default, meaning) from which registration, parsing and the README's parameter table
 //! follow; and the parsing itself, done in one place at bind time before any connection, file or
 //! broker is touched. Every error names the parameter and the value it got.
+//!
+//! Long on purpose: every parameter's check lives here, in one place (about a fifth of the file
+//! is the declaration table, the last quarter its tests).
 
 use std::collections::BTreeMap;
 
@@ -131,7 +134,8 @@ pub enum Applies {
     Files,
 }
 
-const fn param(
+const fn param_for(
+    applies: Applies,
     id: P,
     name: &'static str,
     ty: ParamType,
@@ -144,8 +148,18 @@ const fn param(
         ty,
         default,
         meaning,
-        applies: Applies::Both,
+        applies,
     }
+}
+
+const fn param(
+    id: P,
+    name: &'static str,
+    ty: ParamType,
+    default: &'static str,
+    meaning: &'static str,
+) -> Param {
+    param_for(Applies::Both, id, name, ty, default, meaning)
 }
 
 const fn kafka(
@@ -155,14 +169,7 @@ const fn kafka(
     default: &'static str,
     meaning: &'static str,
 ) -> Param {
-    Param {
-        id,
-        name,
-        ty,
-        default,
-        meaning,
-        applies: Applies::Kafka,
-    }
+    param_for(Applies::Kafka, id, name, ty, default, meaning)
 }
 
 const fn files(
@@ -172,14 +179,7 @@ const fn files(
     default: &'static str,
     meaning: &'static str,
 ) -> Param {
-    Param {
-        id,
-        name,
-        ty,
-        default,
-        meaning,
-        applies: Applies::Files,
-    }
+    param_for(Applies::Files, id, name, ty, default, meaning)
 }
 
 /// The named parameters of `streaming_etl_run`.
@@ -190,7 +190,7 @@ pub const RUN_PARAMS: &[Param] = &[
     param(P::GroupBy, "group_by", ParamType::VarcharList, "`[key_field]`", "key columns: dotted paths, `path AS name` (string, number or boolean values); `[]`: one row per window"),
     param(P::Aggregates, "aggregates", ParamType::VarcharList, "count, sum/min/max of `value_field`", "`count(*)`, `count(x)`, `sum(x)`, `avg(x)`, `min(x)`, `max(x)`, `approx_count_distinct(x)`, `first(x)`, `last(x)`, each `AS name` optional"),
     param(P::KeyField, "key_field", ParamType::Varchar, "`key`", "dotted path of the key (string or number; Kafka: the message key when absent)"),
-    param(P::TimeField, "time_field", ParamType::Varchar, "`event_time_ms`", "dotted path of the event time, integer epoch milliseconds"),
+    param(P::TimeField, "time_field", ParamType::Varchar, "`event_time_ms`", "dotted path of the event time (its form: `time_format`)"),
     param(P::ValueField, "value_field", ParamType::Varchar, "`payload.value`", "dotted path of the number aggregated (missing or null: counted only)"),
     param(P::TimeFormat, "time_format", ParamType::Varchar, "integer `epoch_ms`", "`epoch_ms`, `epoch_s`, `epoch_us`, `epoch_ns` (fractions truncated to ms) or `iso8601`"),
     param(P::TimeZone, "time_zone", ParamType::Varchar, "none", "`iso8601` only: the zone of times written without `Z` or an offset (`UTC` or an IANA name); without it they are dead letters"),

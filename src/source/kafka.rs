@@ -4,6 +4,9 @@
 //! each partition up to the end offset it saw when it started; a continuous one (`follow`)
 //! keeps reading, and picks up partitions added to the topic. After each checkpoint the same
 //! offsets are committed to the consumer group, for lag tools; the checkpoint stays the truth.
+//! One file for the consumer's whole life (open, start offsets, assignment, reading, waiting,
+//! commits, close): its parts share the consumer's state. Tested against real brokers in
+//! `test/python/test_kafka.py`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -2,6 +2,9 @@
 //! object in a single pass, without building a JSON tree and without allocating, while the rest
 //! of the message is still checked to be valid JSON (a message a JSON parser rejects is a dead
 //! letter). What each field means (a time, a key, a number) is decided by `record`.
+//!
+//! Long on purpose: a complete validating JSON scanner (strings, escapes, numbers, nesting)
+//! whose invariants are best read together; its tests are at the end.
 
 /// Deeper nesting than this is refused rather than recursed into.
 pub const MAX_DEPTH: usize = 128;

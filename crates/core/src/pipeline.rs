@@ -6,6 +6,7 @@
 //! windows close as early as they can, and it makes the order a function of the data and the
 //! checkpointed state alone: a run that is stopped or killed and resumed processes the same
 //! messages in the same order as a straight run, and so classifies the same events as late.
+//! (Half of the file is its tests: order, resume, parsing ahead.)
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! the decoded fields with the job's rules. A message that breaks them is a dead letter whose
 //! reason names the field and what was expected (`event time field 'ts' is a string, not an
 //! integer`). The job's fields are read in one pass; each path is decoded once however many
-//! roles it has.
+//! roles it has. (The second part of the file is its tests.)
 
 use crate::aggregate::{AggFunc, Input};
 use crate::decode::{parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind};

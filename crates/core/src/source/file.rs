@@ -6,6 +6,7 @@
 //! number. A message's offset is the byte position where its line starts (in the decompressed
 //! stream for `.gz` / `.zst`). A file that shrinks is an error (copytruncate loses data); a file
 //! deleted before it was read to its end is reported as a dead letter naming what was lost.
+//! (The last quarter of the file is its tests: rotation, deletion, truncation, discovery.)
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
