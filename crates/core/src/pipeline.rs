@@ -184,6 +184,54 @@ fn discover(
     Ok(())
 }
 
+/// The read loop's counters, checked after every message.
+struct Step {
+    delivered: bool,
+    remaining: u64,
+    cycle_left: u64,
+    since_clock: u32,
+    stop: Option<Stop>,
+}
+
+impl Step {
+    /// After a message of the partition at `idx`: whether the partition may deliver another
+    /// one now (the cycle and the run go on, and no other partition comes first).
+    #[inline(always)]
+    fn after(
+        &mut self,
+        engine: &mut Engine,
+        idx: usize,
+        second: Option<(i64, usize)>,
+        limits: &CycleLimits,
+        wall_ms: &dyn Fn() -> i64,
+    ) -> bool {
+        self.delivered = true;
+        self.remaining -= 1;
+        self.cycle_left = self.cycle_left.saturating_sub(1);
+        self.since_clock += 1;
+        if self.since_clock >= CLOCK_EVERY {
+            self.since_clock = 0;
+            self.stop = limits.deadline_passed(Instant::now());
+            if self.stop.is_some() {
+                return false;
+            }
+            engine.set_now(wall_ms());
+        }
+        if self.remaining == 0 {
+            return false;
+        }
+        if self.cycle_left == 0 {
+            self.stop = Some(Stop::CycleEnd);
+            return false;
+        }
+        if engine.pending_side_rows() >= limits.max_pending_rows {
+            self.stop = Some(Stop::CycleEnd);
+            return false;
+        }
+        second.is_none_or(|s| engine.order_key(idx) < s)
+    }
+}
+
 /// Reads from the source into the engine until the cycle or the run is over.
 pub fn read_cycle(
     engine: &mut Engine,
@@ -196,7 +244,6 @@ pub fn read_cycle(
     let mut cycle_left = limits.max_cycle_messages;
     let mut since_clock = 0u32;
     let mut pulls = 0u32;
-    let mut stop = None;
     engine.set_now(wall_ms());
     loop {
         if remaining == 0 {
@@ -247,35 +294,17 @@ pub fn read_cycle(
             state.look_again();
             continue;
         };
-        let mut delivered = false;
-        let mut after = |engine: &mut Engine| -> bool {
-            delivered = true;
-            remaining -= 1;
-            cycle_left = cycle_left.saturating_sub(1);
-            since_clock += 1;
-            if since_clock >= CLOCK_EVERY {
-                since_clock = 0;
-                stop = limits.deadline_passed(Instant::now());
-                if stop.is_some() {
-                    return false;
-                }
-                engine.set_now(wall_ms());
-            }
-            if remaining == 0 {
-                return false;
-            }
-            if cycle_left == 0 {
-                stop = Some(Stop::CycleEnd);
-                return false;
-            }
-            if engine.pending_side_rows() >= limits.max_pending_rows {
-                stop = Some(Stop::CycleEnd);
-                return false;
-            }
-            second.is_none_or(|s| engine.order_key(idx) < s)
+        let mut step = Step {
+            delivered: false,
+            remaining,
+            cycle_left,
+            since_clock,
+            stop: None,
         };
         let pulled = match state.ahead.as_mut() {
-            Some(ahead) => ahead.deliver(idx, source, engine, &mut after)?,
+            Some(ahead) => ahead.deliver(idx, source, engine, &mut |engine: &mut Engine| {
+                step.after(engine, idx, second, limits, wall_ms)
+            })?,
             None => {
                 let mut first = true;
                 source.pull(idx, &mut |msg: &Message<'_>| {
@@ -284,10 +313,12 @@ pub fn read_cycle(
                         first = false;
                     }
                     engine.process(idx, msg);
-                    after(engine)
+                    step.after(engine, idx, second, limits, wall_ms)
                 })?
             }
         };
+        (remaining, cycle_left, since_clock) = (step.remaining, step.cycle_left, step.since_clock);
+        let (stop, delivered) = (step.stop, step.delivered);
         if pulled == Pull::Exhausted {
             state.exhausted[idx] = true;
             absorb_gaps(engine, source);

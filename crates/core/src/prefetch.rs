@@ -299,6 +299,9 @@ impl Drop for Pool {
 /// A partition's chunks read ahead.
 #[derive(Default)]
 struct Lane {
+    /// The chunk the merge is applying (the merge may switch partitions after any message, so
+    /// it stays here rather than moving in and out of `ready`).
+    current: Option<Chunk>,
     /// Parsed chunks by sequence number, waiting for the merge.
     ready: BTreeMap<u64, Chunk>,
     /// Sequence numbers handed to the pool so far, and the next one the merge applies.
@@ -309,6 +312,7 @@ struct Lane {
 }
 
 impl Lane {
+    /// Chunks read and not yet fully applied (the current one included).
     fn ahead(&self) -> usize {
         (self.sent - self.next) as usize
     }
@@ -421,8 +425,16 @@ impl DecodeAhead {
     ) -> Result<Pull> {
         let mut first = true;
         loop {
-            self.fill(idx, source)?;
-            let Some(mut chunk) = self.next_chunk(idx)? else {
+            if self.lane(idx).current.is_none() {
+                self.fill(idx, source)?;
+                let next = self.next_chunk(idx)?;
+                match next {
+                    Some(c) => self.lanes[idx].current = Some(c),
+                    None => return Ok(Pull::Exhausted),
+                }
+            }
+            let lane = &mut self.lanes[idx];
+            let Some(chunk) = lane.current.as_mut() else {
                 return Ok(Pull::Exhausted);
             };
             let mut paused = false;
@@ -431,27 +443,26 @@ impl DecodeAhead {
                     engine.delivered(idx);
                     first = false;
                 }
-                engine.process_parsed(idx, &chunk, chunk.pos);
+                engine.process_parsed(idx, chunk, chunk.pos);
                 chunk.pos += 1;
                 if !each(engine) {
                     paused = true;
                     break;
                 }
             }
-            if chunk.pos < chunk.len() {
-                // Put back: the merge comes back to it.
-                let seq = chunk.seq;
-                self.lane(idx).ready.insert(seq, chunk);
-            } else {
-                self.lane(idx).next += 1;
-                self.spare.push(chunk);
+            if chunk.pos >= chunk.len() {
+                if let Some(done) = lane.current.take() {
+                    self.spare.push(done);
+                }
+                lane.next += 1;
+                // Keep the partition's pipeline full while this one is applied.
+                self.fill(idx, source)?;
             }
             if paused {
                 return Ok(Pull::Paused);
             }
-            // A partition the merge keeps reading asks the source again; one that had
-            // nothing more for now is caught up once its chunks are applied.
-            if self.lane(idx).source_done && self.lane(idx).ahead() == 0 {
+            let lane = &self.lanes[idx];
+            if lane.source_done && lane.ahead() == 0 {
                 return Ok(Pull::Exhausted);
             }
         }

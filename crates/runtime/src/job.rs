@@ -162,12 +162,13 @@ fn resume_engine(
     Ok(engine)
 }
 
-/// Threads that parse messages ahead of the merge: every core but the one the merge (and the
-/// commit thread) run on, at least one, at most three.
+/// Threads that parse messages ahead of the merge: the cores left once the merge and the
+/// commit thread (with DuckDB's writes) have one each, at most three; none on two cores, where
+/// parsing ahead measured slower end to end (README, benchmarks).
 fn decode_threads() -> usize {
     std::thread::available_parallelism()
-        .map_or(1, |n| n.get().saturating_sub(1))
-        .clamp(1, 3)
+        .map_or(0, |n| n.get().saturating_sub(2))
+        .min(3)
 }
 
 impl Run {
@@ -212,7 +213,11 @@ impl Run {
             run_deadline: cfg
                 .max_runtime_ms
                 .map(|ms| started + Duration::from_millis(ms as u64)),
-            read: ReadState::decode_ahead(source.partitions().len(), &cfg.engine, decode_threads()),
+            read: if decode_threads() == 0 {
+                ReadState::new(source.partitions().len())
+            } else {
+                ReadState::decode_ahead(source.partitions().len(), &cfg.engine, decode_threads())
+            },
             next_seq: stored.as_ref().map_or(1, |s| s.next_seq),
             cfg,
             source,
