@@ -134,8 +134,7 @@ pub enum Applies {
     Files,
 }
 
-const fn param_for(
-    applies: Applies,
+const fn param(
     id: P,
     name: &'static str,
     ty: ParamType,
@@ -148,38 +147,15 @@ const fn param_for(
         ty,
         default,
         meaning,
-        applies,
+        applies: Applies::Both,
     }
 }
 
-const fn param(
-    id: P,
-    name: &'static str,
-    ty: ParamType,
-    default: &'static str,
-    meaning: &'static str,
-) -> Param {
-    param_for(Applies::Both, id, name, ty, default, meaning)
-}
-
-const fn kafka(
-    id: P,
-    name: &'static str,
-    ty: ParamType,
-    default: &'static str,
-    meaning: &'static str,
-) -> Param {
-    param_for(Applies::Kafka, id, name, ty, default, meaning)
-}
-
-const fn files(
-    id: P,
-    name: &'static str,
-    ty: ParamType,
-    default: &'static str,
-    meaning: &'static str,
-) -> Param {
-    param_for(Applies::Files, id, name, ty, default, meaning)
+impl Param {
+    /// The parameter, for one kind of source only.
+    const fn only(self, applies: Applies) -> Param {
+        Param { applies, ..self }
+    }
 }
 
 /// The named parameters of `streaming_etl_run`.
@@ -207,15 +183,15 @@ pub const RUN_PARAMS: &[Param] = &[
     param(P::Follow, "follow", ParamType::Boolean, "false", "keep reading what arrives (messages, partitions, lines, files) until `max_runtime_ms`, `max_messages`, an interrupt or `LIMIT`"),
     param(P::Start, "start", ParamType::Varchar, "`earliest`", "where a new job begins: `earliest`, `latest` (what arrives after its first run starts) or, Kafka only, a point in time (ISO 8601, or epoch ms)"),
     param(P::QuietFlushMs, "quiet_flush_ms", ParamType::BigInt, "none", "once every partition has been silent this long (wall clock), close every open window"),
-    files(P::Files, "files", ParamType::Varchar, "`append`", "files only: `append` (every file may grow and holds the watermark back) or `rolling` (a caught-up file stops holding it back once a file sorting after it delivered data)"),
+    param(P::Files, "files", ParamType::Varchar, "`append`", "files only: `append` (every file may grow and holds the watermark back) or `rolling` (a caught-up file stops holding it back once a file sorting after it delivered data)").only(Applies::Files),
     param(P::Partitions, "partitions", ParamType::IntegerList, "all", "read only these partitions (split a topic between processes)"),
     param(P::Checkpoint, "checkpoint", ParamType::Varchar, "the setting", "checkpoint file for this call"),
     param(P::CheckpointIntervalMs, "checkpoint_interval_ms", ParamType::BigInt, "1000", "length of a checkpoint cycle (one result row per cycle)"),
-    kafka(P::Brokers, "brokers", ParamType::Varchar, "the setting", "Kafka only: bootstrap servers"),
-    kafka(P::GroupId, "group_id", ParamType::Varchar, "`streaming_etl-<job>`", "Kafka only: consumer group the offsets are committed to"),
-    kafka(P::Kafka, "kafka", ParamType::VarcharMap, "none", "Kafka only: librdkafka properties, passed through (security, tuning)"),
-    kafka(P::KafkaTimestamp, "kafka_timestamp", ParamType::Boolean, "false", "Kafka only: the record's own timestamp is the event time (no time field is read)"),
-    kafka(P::TimeoutMs, "timeout_ms", ParamType::BigInt, "15000", "Kafka only: bound on reaching the brokers and on waiting for a partition"),
+    param(P::Brokers, "brokers", ParamType::Varchar, "the setting", "Kafka only: bootstrap servers").only(Applies::Kafka),
+    param(P::GroupId, "group_id", ParamType::Varchar, "`streaming_etl-<job>`", "Kafka only: consumer group the offsets are committed to").only(Applies::Kafka),
+    param(P::Kafka, "kafka", ParamType::VarcharMap, "none", "Kafka only: librdkafka properties, passed through (security, tuning)").only(Applies::Kafka),
+    param(P::KafkaTimestamp, "kafka_timestamp", ParamType::Boolean, "false", "Kafka only: the record's own timestamp is the event time (no time field is read)").only(Applies::Kafka),
+    param(P::TimeoutMs, "timeout_ms", ParamType::BigInt, "15000", "Kafka only: bound on reaching the brokers and on waiting for a partition").only(Applies::Kafka),
 ];
 
 /// The named parameters of `streaming_etl_checkpoint`.
