@@ -8,6 +8,7 @@
 //! `streaming_etl_core`, the checkpoint and run loop `streaming_etl_runtime`.
 
 mod args;
+mod batch_function;
 mod checkpoint_function;
 mod host;
 mod os;
@@ -61,6 +62,8 @@ pub(crate) fn load(conn: Connection) -> Result<(), String> {
         &host,
     )
     .map_err(fail)?;
+    conn.register_table_function::<batch_function::BatchFunction>(batch_function::NAME)
+        .map_err(fail)?;
     Ok(())
 }
 

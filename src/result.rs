@@ -2,7 +2,7 @@
 //! is read from the row it shows; registering the columns and writing the output chunk both
 //! follow from that declaration, and a value of the wrong type is an error, never dropped.
 
-use duckdb::core::{DataChunkHandle, Inserter, LogicalTypeHandle, LogicalTypeId};
+use duckdb::core::{DataChunkHandle, FlatVector, Inserter, LogicalTypeHandle, LogicalTypeId};
 use duckdb::vtab::BindInfo;
 use streaming_etl_core::error::{EtlError, Result};
 use streaming_etl_core::rows::{Cell, ColumnType};
@@ -44,25 +44,7 @@ pub fn write_row<R>(
     for (i, c) in columns.iter().enumerate() {
         let cell = (c.get)(r);
         let mut v = chunk.flat_vector(i);
-        let ok = cell.fits(c.ty)
-            && match cell {
-                Cell::Null => {
-                    v.set_null(row);
-                    true
-                }
-                Cell::Bool(b) => sys::write_bool(&mut v, row, b),
-                Cell::I32(x) => sys::write_i32(&mut v, row, x),
-                Cell::I64(x) => sys::write_i64(&mut v, row, x),
-                Cell::F64(x) => sys::write_f64(&mut v, row, x),
-                Cell::Str(s) => {
-                    v.insert(row, s);
-                    true
-                }
-                Cell::Bytes(b) => {
-                    v.insert(row, b);
-                    true
-                }
-            };
+        let ok = cell.fits(c.ty) && write_cell(&mut v, row, cell);
         if !ok {
             return Err(EtlError::Internal(format!(
                 "result column '{}' ({:?}) cannot hold {cell:?}",
@@ -71,4 +53,27 @@ pub fn write_row<R>(
         }
     }
     Ok(())
+}
+
+/// Writes one cell into row `row` of a column; false when the column's type cannot hold it (a
+/// string or bytes must only be given to a VARCHAR or BLOB column: `Cell::fits` says so).
+pub fn write_cell(v: &mut FlatVector<'_>, row: usize, cell: Cell<'_>) -> bool {
+    match cell {
+        Cell::Null => {
+            v.set_null(row);
+            true
+        }
+        Cell::Bool(b) => sys::write_bool(v, row, b),
+        Cell::I32(x) => sys::write_i32(v, row, x),
+        Cell::I64(x) => sys::write_i64(v, row, x),
+        Cell::F64(x) => sys::write_f64(v, row, x),
+        Cell::Str(s) => {
+            v.insert(row, s);
+            true
+        }
+        Cell::Bytes(b) => {
+            v.insert(row, b);
+            true
+        }
+    }
 }

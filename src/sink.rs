@@ -1,31 +1,30 @@
 //! The DuckDB sink: creates a job's tables from their declared schemas and writes a cycle's
 //! output through the extension's own connection, in one transaction, idempotently.
 //!
-//! `upsert` mode: rows are upserted by each table's primary key (windows by key and window
-//! start, late events and dead letters by topic, partition and offset), so applying a batch
-//! again after a crash changes nothing. A batch applied for the first time is appended straight
-//! into the tables with the `duckdb` Appender (its rows cannot exist yet); a batch applied again
-//! (the outbox after a crash), or one whose append hits rows that exist (a job restarted from
-//! scratch over its old tables), goes through a staging table and one `INSERT OR REPLACE ...
-//! SELECT` per table.
+//! Each table's rows go in with one `INSERT ... SELECT` from `__streaming_etl_batch` (DuckDB reads
+//! them a vector at a time; no SQL text and no call per value). `upsert` mode: rows are upserted
+//! by each table's primary key (windows by key and window start, late events and dead letters
+//! by topic, partition and offset), so applying a batch again after a crash changes nothing. A
+//! batch applied for the first time is inserted plainly (its rows cannot exist yet); a batch
+//! applied again (the outbox after a crash), or one whose insert hits rows that exist (a job
+//! restarted from scratch over its old tables), is inserted with `INSERT OR REPLACE`.
 //!
 //! `append` mode (and any table the user created without a key): no index to maintain; the
 //! batch's number is written to a marker table in the same transaction, so a replay of a batch
-//! that was applied finds its marker and is skipped. Batched either way: no SQL text per row.
+//! that was applied finds its marker and is skipped.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use duckdb::types::{ToSqlOutput, ValueRef};
-use duckdb::{appender_params_from_iter, Connection, ToSql};
+use duckdb::Connection;
 use streaming_etl_core::error::{EtlError, Result};
-use streaming_etl_core::rows::{Cell, Rows, TableSchema};
+use streaming_etl_core::rows::{Rows, TableSchema};
 use streaming_etl_core::state::OutputSchemas;
 use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
 
+use crate::batch_function::{self, Lent};
 use crate::host::PooledConn;
 use crate::params::{quote_ident, TableName};
-
-const STAGE: &str = "streaming_etl_stage";
 
 /// The table that records, per job, the last batch applied to tables without a primary key.
 pub const MARKER_TABLE: &str = "streaming_etl_batches";
@@ -87,23 +86,6 @@ fn column_list(schema: &TableSchema) -> String {
         .join(", ")
 }
 
-/// A cell as an Appender value.
-struct SqlCell<'a>(Cell<'a>);
-
-impl ToSql for SqlCell<'_> {
-    fn to_sql(&self) -> duckdb::Result<ToSqlOutput<'_>> {
-        Ok(ToSqlOutput::Borrowed(match self.0 {
-            Cell::Null => ValueRef::Null,
-            Cell::Bool(b) => ValueRef::Boolean(b),
-            Cell::I32(v) => ValueRef::Int(v),
-            Cell::I64(v) => ValueRef::BigInt(v),
-            Cell::F64(v) => ValueRef::Double(v),
-            Cell::Str(s) => ValueRef::Text(s.as_bytes()),
-            Cell::Bytes(b) => ValueRef::Blob(b),
-        }))
-    }
-}
-
 /// Makes sure `table` exists and has every column of `schema`; returns whether it has a primary
 /// key (a table the user created without one is appended to, whatever the mode).
 fn ensure_table(conn: &Connection, table: &str, schema: &TableSchema) -> Result<bool> {
@@ -140,61 +122,33 @@ fn ensure_table(conn: &Connection, table: &str, schema: &TableSchema) -> Result<
     Ok(have.iter().any(|(_, k)| k.as_deref() == Some("PRI")))
 }
 
-/// Appends `rows` to `table` (its columns named, so a table with more columns works).
-fn append(conn: &Connection, table: &str, schema: &TableSchema, rows: &Rows) -> Result<()> {
+/// Writes `rows` into `table` (its columns named, so a table with more columns works) with one
+/// `INSERT ... SELECT` from [`batch_function`](crate::batch_function): DuckDB takes the rows a
+/// vector at a time. `replace`: rows whose primary key exists replace them.
+fn insert(
+    conn: &Connection,
+    table: &str,
+    schema: &TableSchema,
+    rows: &Rows,
+    replace: bool,
+) -> Result<()> {
     if rows.is_empty() {
         return Ok(());
     }
-    let err = |e: duckdb::Error| sink_error(table, e);
-    let name = TableName::parse(table)
-        .ok_or_else(|| EtlError::Internal(format!("unreadable table name {table}")))?;
-    let cols: Vec<&str> = schema.columns.iter().map(|c| c.name.as_str()).collect();
-    let mut app = match name.parts.as_slice() {
-        [t] => conn.appender_with_columns(t, &cols),
-        [s, t] => conn.appender_with_columns_to_db(t, s, &cols),
-        [c, s, t] => conn.appender_with_columns_to_catalog_and_db(t, c, s, &cols),
-        _ => return Err(EtlError::Internal(format!("bad table name {table}"))),
-    }
-    .map_err(err)?;
-    rows.each(|cells| app.append_row(appender_params_from_iter(cells.iter().map(|c| SqlCell(*c)))))
-        .map_err(|e| EtlError::Internal(e.to_string()))?
-        .map_err(err)?;
-    app.flush().map_err(err)
-}
-
-/// Upserts `rows` into `table`: appended to a staging table, then one INSERT OR REPLACE.
-fn upsert(conn: &Connection, table: &str, schema: &TableSchema, rows: &Rows) -> Result<()> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let err = |e: duckdb::Error| sink_error(table, e);
-    let stage = format!("temp.main.{STAGE}");
-    conn.execute_batch(&format!(
-        "CREATE OR REPLACE TEMP TABLE {STAGE} ({})",
-        ddl_columns(&schema.without_key())
-    ))
-    .map_err(err)?;
-    {
-        let mut app = conn
-            .appender_to_catalog_and_db(STAGE, "temp", "main")
-            .map_err(err)?;
-        rows.each(|cells| {
-            app.append_row(appender_params_from_iter(cells.iter().map(|c| SqlCell(*c))))
-        })
-        .map_err(|e| EtlError::Internal(e.to_string()))?
-        .map_err(err)?;
-        app.flush().map_err(err)?;
-    }
-    let cols = column_list(schema);
-    let verb = if schema.primary_key.is_empty() {
-        "INSERT"
-    } else {
+    let lent = Lent::new(Arc::new(rows.clone()));
+    let verb = if replace && !schema.primary_key.is_empty() {
         "INSERT OR REPLACE"
+    } else {
+        "INSERT"
     };
     conn.execute_batch(&format!(
-        "{verb} INTO {table} ({cols}) SELECT {cols} FROM {stage}; DROP TABLE {stage}"
+        // Qualified: a macro of the same name in the user's schema cannot stand in for it.
+        "{verb} INTO {table} ({}) SELECT * FROM system.main.{}({})",
+        column_list(schema),
+        batch_function::NAME,
+        lent.id
     ))
-    .map_err(err)
+    .map_err(|e| sink_error(table, e))
 }
 
 /// How a batch meets its tables.
@@ -223,11 +177,7 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &Plan<'_>) -> Result<(
             (&out.tables.dead, &out.schemas.dead, &out.batch.dead),
         ];
         for ((table, schema, rows), keyed) in parts.into_iter().zip(plan.keyed) {
-            if !keyed || plan.append_keyed {
-                append(conn, table, schema, rows)?;
-            } else {
-                upsert(conn, table, schema, rows)?;
-            }
+            insert(conn, table, schema, rows, keyed && !plan.append_keyed)?;
         }
         if let Some(marker) = plan.marker {
             // Batches are applied in order, each one only once the ones before it are

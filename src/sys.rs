@@ -1,6 +1,6 @@
 //! The raw DuckDB C API, for the few things the `duckdb` crate has no safe way to do; each item
 //! says what is missing. Everything else goes through `duckdb`'s `Connection`, `VTab`,
-//! `Appender` and `Value`. (The other unsafe code: operating-system calls in `os.rs`, and the
+//! `FlatVector` and `Value`. (The other unsafe code: operating-system calls in `os.rs`, and the
 //! librdkafka batch queue in `source/kafka_batch.rs`.)
 
 use std::any::Any;

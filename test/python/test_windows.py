@@ -181,7 +181,8 @@ def test_killed_runs_resume_exactly(tmp_path):
                               *args, "checkpoint_interval_ms=5", "--announce"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         p.stdout.readline()
-        time.sleep(rng.uniform(0, 0.15))
+        # Within the first tenths of a run: a whole run can take less than 0.15 s on a fast machine.
+        time.sleep(rng.uniform(0, 0.06))
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             kills += 1
@@ -189,7 +190,7 @@ def test_killed_runs_resume_exactly(tmp_path):
         assert p.returncode in (0, -signal.SIGKILL), err.decode()[-2000:]
         if p.returncode == 0 and b"caught_up" in out:
             break
-    assert kills >= 3
+    assert kills >= 3, kills
     con = connect(db)
     con.execute(f"SELECT * FROM streaming_etl_run('{topic}', 1500, 300, time_field := 'ts', flush := true{sql})").fetchall()
     keys, aggs = named({"group_by": GROUP, "aggregates": AGGS})

@@ -187,6 +187,13 @@ pub struct Rows {
     error: Option<String>,
 }
 
+/// Where [`Rows::each_from`] goes on from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RowCursor {
+    byte: usize,
+    row: usize,
+}
+
 const NULL: u8 = 0;
 const VALUE: u8 = 1;
 
@@ -258,21 +265,41 @@ impl Rows {
         &self,
         mut f: impl FnMut(&[Cell<'_>]) -> Result<(), E>,
     ) -> Result<Result<(), E>, RowsError> {
-        let mut r = Reader { b: &self.buf, i: 0 };
+        let mut at = RowCursor::default();
+        Ok(self
+            .each_from(&mut at, self.len, |_, cells| f(cells))?
+            .map(|_| ()))
+    }
+
+    /// Calls `f` with the index (counted from `at`) and cells of each of the next `max` rows
+    /// after `at`, and moves `at` past them: the rows a chunk at a time. Returns how many rows
+    /// it visited (fewer than `max` at the end).
+    pub fn each_from<E>(
+        &self,
+        at: &mut RowCursor,
+        max: usize,
+        mut f: impl FnMut(usize, &[Cell<'_>]) -> Result<(), E>,
+    ) -> Result<Result<usize, E>, RowsError> {
+        let mut r = Reader {
+            b: &self.buf,
+            i: at.byte,
+        };
+        let n = max.min(self.len.saturating_sub(at.row));
         let mut cells: Vec<Cell<'_>> = Vec::with_capacity(self.types.len());
-        for _ in 0..self.len {
+        for i in 0..n {
             cells.clear();
             for &ty in &self.types {
                 cells.push(r.cell(ty)?);
             }
-            if let Err(e) = f(&cells) {
+            if let Err(e) = f(i, &cells) {
                 return Ok(Err(e));
             }
         }
-        if r.i != self.buf.len() {
+        (at.byte, at.row) = (r.i, at.row + n);
+        if at.row == self.len && r.i != self.buf.len() {
             return Err(RowsError("trailing bytes"));
         }
-        Ok(Ok(()))
+        Ok(Ok(n))
     }
 
     /// Every row as owned cells (tests and small tables).
@@ -569,6 +596,37 @@ mod tests {
         assert_eq!(back.to_vec(), r.to_vec());
         assert_eq!(r.to_vec()[0][4], OwnedCell::Bytes(vec![0xff, 0]));
         assert_eq!(r.to_vec()[1][4], OwnedCell::Null);
+    }
+
+    #[test]
+    fn rows_read_a_chunk_at_a_time_are_the_rows_read_at_once() {
+        let mut r = Rows::new(vec![ColumnType::BigInt, ColumnType::Varchar]);
+        for i in 0..7 {
+            r.row().i64(i).str(&format!("k{i}")).finish();
+        }
+        let mut at = RowCursor::default();
+        let mut seen = Vec::new();
+        let mut chunks = Vec::new();
+        loop {
+            let n = r
+                .each_from(&mut at, 3, |i, cells| {
+                    seen.push((i, cells.iter().map(OwnedCell::from).collect::<Vec<_>>()));
+                    Ok::<(), ()>(())
+                })
+                .unwrap()
+                .unwrap();
+            if n == 0 {
+                break;
+            }
+            chunks.push(n);
+        }
+        assert_eq!(chunks, [3, 3, 1]);
+        assert_eq!(
+            seen.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            [0, 1, 2, 0, 1, 2, 0]
+        );
+        let rows: Vec<_> = seen.into_iter().map(|(_, c)| c).collect();
+        assert_eq!(rows, r.to_vec());
     }
 
     #[test]
