@@ -97,6 +97,42 @@ def test_resume_in_pieces_equals_one_run(broker, tmp_path):
         sorted(straight.execute(f"SELECT {LATE_COLS}, \"offset\" FROM late_events").fetchall())
 
 
+def test_wide_messages_parsed_ahead_equal_the_files_and_end_with_lag_0(broker, tmp_path):
+    """Messages over 160 bytes are parsed ahead of the merge once a run has read 4,096 of them:
+    runs in pieces of 5,000 end with the tables of the same lines read from files, and lag 0."""
+    import random
+    rng = random.Random(3)
+    parts = []
+    for p in range(4):
+        t = 1_000_000 - (3000 if p == 3 else 0)
+        lines = []
+        for i in range(3000):
+            t += rng.randint(0, 40)
+            et = t - rng.randint(500, 3000) if rng.random() < 0.05 else t
+            lines.append(json.dumps({"key": f"k{rng.randint(0, 30)}", "event_time_ms": et,
+                                     "payload": {"value": rng.randint(0, 100)}, "note": "x" * rng.randint(150, 350)}))
+        lines[rng.randint(0, 2999)] = '{"event_time_ms": "bad"' + "x" * 200
+        parts.append(lines)
+    d = tmp_path / "in"
+    d.mkdir()
+    for i, lines in enumerate(parts):
+        (d / f"p{i}.ndjson").write_text("".join(line + "\n" for line in lines))
+    files = connect()
+    files.execute(f"SELECT * FROM streaming_etl_run('file:{d}/*.ndjson', 1000, 200, flush := true)").fetchall()
+    topic = topic_name()
+    broker.create_topic(topic, 4)
+    produce(broker.bootstrap, topic, parts)
+    con = connect(tmp_path / "k.duckdb")
+    while run(con, topic, broker.bootstrap, "max_messages := 5000")[-1][-1] != "caught_up":
+        pass
+    run(con, topic, broker.bootstrap, "flush := true")
+    assert sorted(con.execute("SELECT * FROM windows").fetchall()) == sorted(files.execute("SELECT * FROM windows").fetchall())
+    assert sorted(con.execute(f"SELECT {LATE_COLS} FROM late_events").fetchall()) == \
+        sorted(files.execute(f"SELECT {LATE_COLS} FROM late_events").fetchall())
+    assert con.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 4
+    assert con.execute("SELECT sum(lag), sum(next_offset) FROM streaming_etl_checkpoint()").fetchone() == (0, 12000)
+
+
 def test_offsets_are_committed_to_the_group_and_lag_is_shown(broker):
     topic = skew_topic(broker)
     con = connect()

@@ -3,6 +3,7 @@
 same jobs stopped and resumed every few messages, or killed at random instants, ending exactly
 like a straight run."""
 import datetime
+import glob
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -22,7 +24,9 @@ AGGS = ["count(*) AS orders", "count(coupon)", "sum(amount) AS revenue", "avg(am
 GROUP = ["region", "item.sku AS sku"]
 
 
-def random_orders(rng, n_parts, per_part=200, skew=True):
+def random_orders(rng, n_parts, per_part=200, skew=True, pad=0):
+    """Random order events per partition (bad lines among them); `pad`: a filler field of about
+    that many bytes, for wide messages (which runs parse ahead of the merge)."""
     parts = []
     for p in range(n_parts):
         t = 1_000_000 + rng.randint(-3000, 3000) - (4000 if skew and p == n_parts - 1 else 0)
@@ -42,6 +46,8 @@ def random_orders(rng, n_parts, per_part=200, skew=True):
                 d["amount"] = rng.choice([rng.randint(-50, 500), round(rng.uniform(0, 99), 2), None])
             if rng.random() < 0.3:
                 d["coupon"] = rng.choice(["X", "Y", None])
+            if pad:
+                d["note"] = "x" * rng.randint(pad // 2, pad * 3 // 2)
             lines.append(json.dumps(d))
         parts.append(lines)
     return parts
@@ -141,6 +147,49 @@ def test_tumbling_with_keys_and_aggregates_matches_the_reference(tmp_path, seed)
                             flush=True)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_wide_messages_parsed_ahead_match_the_reference(tmp_path, seed):
+    """Wide messages (over 160 bytes on average) are parsed ahead of the merge once a run has
+    seen 4,096 of them: the answer stays the reference model's."""
+    rng = random.Random(300 + seed)
+    job = [{"group_by": GROUP, "aggregates": AGGS},
+           {"hop_ms": 500, "group_by": GROUP, "aggregates": AGGS},
+           {"window_kind": "session", "group_by": ["region"], "aggregates": AGGS}][seed % 3]
+    check_against_reference(tmp_path, random_orders(rng, 4, per_part=4000, pad=250), 1000, 200, job,
+                            flush=seed % 2 == 0)
+
+
+def decode_threads_seen(con, topic):
+    """Runs a job for a while; whether a thread parsing ahead of the merge ever showed up."""
+    result = []
+    t = threading.Thread(target=lambda: result.append(con.execute(
+        f"SELECT * FROM streaming_etl_run('{topic}', 1000, 200, time_field := 'ts', follow := true, "
+        "max_runtime_ms := 1500)").fetchall()))
+    t.start()
+    seen = False
+    while t.is_alive():
+        for comm in glob.glob(f"/proc/{os.getpid()}/task/*/comm"):
+            try:
+                with open(comm) as f:
+                    seen |= f.read().startswith("streaming_etl-d")
+            except OSError:
+                pass  # the thread ended meanwhile
+        time.sleep(0.01)
+    t.join()
+    assert result, "the run failed"
+    return seen
+
+
+@pytest.mark.skipif(os.cpu_count() != 2 or not os.path.isdir("/proc/self/task"),
+                    reason="the rule for two cores, observed through /proc")
+def test_two_cores_parse_ahead_only_wide_messages(tmp_path):
+    rng = random.Random(5)
+    wide = write_parts(tmp_path / "wide", random_orders(rng, 2, per_part=20_000, pad=250))
+    narrow = write_parts(tmp_path / "narrow", random_orders(rng, 2, per_part=20_000))
+    assert decode_threads_seen(connect(tmp_path / "wide.duckdb"), wide)
+    assert not decode_threads_seen(connect(tmp_path / "narrow.duckdb"), narrow)
+
+
 @pytest.mark.parametrize("kind", ["hopping", "session"])
 def test_stopping_anywhere_gives_the_straight_runs_tables(tmp_path, kind):
     rng = random.Random(7)
@@ -165,10 +214,12 @@ def test_stopping_anywhere_gives_the_straight_runs_tables(tmp_path, kind):
             assert con.execute(q).fetchall() == straight.execute(q).fetchall()
 
 
-def test_killed_runs_resume_exactly(tmp_path):
-    """SIGKILL a session job with sketches and first/last at random instants; resume; compare."""
+@pytest.mark.parametrize("pad", [0, 250])
+def test_killed_runs_resume_exactly(tmp_path, pad):
+    """SIGKILL a session job with sketches and first/last at random instants; resume; compare.
+    With `pad`, the messages are wide: the runs parse ahead of the merge after their first ones."""
     rng = random.Random(11)
-    parts = random_orders(rng, 4, per_part=20_000)
+    parts = random_orders(rng, 4, per_part=20_000, pad=pad)
     topic = write_parts(tmp_path / "in", parts)
     args = ["window_kind='session'", f"group_by={GROUP!r}", f"aggregates={AGGS!r}", "time_field='ts'"]
     sql = sql_args({"window_kind": "session", "group_by": GROUP, "aggregates": AGGS})

@@ -85,7 +85,20 @@ pub struct ReadState {
     last_discover: Instant,
     /// Messages read and parsed ahead of the merge on other threads (None: one at a time).
     ahead: Option<DecodeAhead>,
+    /// Parsing ahead to start once the messages read one at a time turn out to be wide.
+    when_wide: Option<(EngineConfig, usize)>,
+    /// Messages read one at a time, and their payload bytes.
+    serial_messages: u64,
+    serial_bytes: u64,
 }
+
+/// Mean message size from which parsing ahead on one spare core pays: measured on two cores
+/// (README, benchmarks), it was no faster on 70-byte events (the merge and DuckDB's writes keep
+/// the second core busy) and up to 1.9x faster on 290-byte Nexmark bids (parsing is most of
+/// the work).
+const WIDE_MESSAGE_BYTES: u64 = 160;
+/// Messages read before the mean size is judged.
+const WIDE_SAMPLE_MESSAGES: u64 = 4096;
 
 impl ReadState {
     /// Reads one message at a time, on the calling thread.
@@ -94,6 +107,43 @@ impl ReadState {
             exhausted: vec![false; partitions],
             last_discover: Instant::now(),
             ahead: None,
+            when_wide: None,
+            serial_messages: 0,
+            serial_bytes: 0,
+        }
+    }
+
+    /// Reads one message at a time until the messages turn out to be wide (see
+    /// [`WIDE_MESSAGE_BYTES`]), then parses ahead on `workers` threads.
+    pub fn decode_ahead_when_wide(
+        partitions: usize,
+        cfg: &EngineConfig,
+        workers: usize,
+    ) -> ReadState {
+        ReadState {
+            when_wide: (workers > 0).then(|| (cfg.clone(), workers)),
+            ..ReadState::new(partitions)
+        }
+    }
+
+    /// Whether parsing ahead runs (it may have started part-way).
+    pub fn decoding_ahead(&self) -> bool {
+        self.ahead.is_some()
+    }
+
+    /// Counts messages read one at a time; starts parsing ahead once they are wide. Nothing is
+    /// buffered when reading one at a time, so switching between two pulls changes nothing but
+    /// which thread parses.
+    fn read_serially(&mut self, messages: u64, bytes: u64) {
+        self.serial_messages += messages;
+        self.serial_bytes += bytes;
+        if self.serial_messages < WIDE_SAMPLE_MESSAGES {
+            return;
+        }
+        if let Some((cfg, workers)) = self.when_wide.take() {
+            if self.serial_bytes >= WIDE_MESSAGE_BYTES * self.serial_messages {
+                self.ahead = DecodeAhead::start(&cfg, workers);
+            }
         }
     }
 
@@ -306,15 +356,19 @@ pub fn read_cycle(
                 step.after(engine, idx, second, limits, wall_ms)
             })?,
             None => {
-                let mut first = true;
-                source.pull(idx, &mut |msg: &Message<'_>| {
+                let (mut first, mut messages, mut bytes) = (true, 0u64, 0u64);
+                let pulled = source.pull(idx, &mut |msg: &Message<'_>| {
                     if first {
                         engine.delivered(idx);
                         first = false;
                     }
+                    messages += 1;
+                    bytes += msg.payload.len() as u64;
                     engine.process(idx, msg);
                     step.after(engine, idx, second, limits, wall_ms)
-                })?
+                })?;
+                state.read_serially(messages, bytes);
+                pulled
             }
         };
         (remaining, cycle_left, since_clock) = (step.remaining, step.cycle_left, step.since_clock);
@@ -429,7 +483,14 @@ mod tests {
     /// engine's own progress (as a new run from a checkpoint would); returns sorted windows,
     /// late (partition, offset) pairs and the dead count.
     fn run(data: &[Vec<String>], stop_every: u64, flush: bool) -> (Windows, Vec<(i32, i64)>, u64) {
-        run_with(data, stop_every, flush, false)
+        run_with(data, stop_every, flush, Ahead::No)
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum Ahead {
+        No,
+        Yes,
+        WhenWide,
     }
 
     /// As `run`, reading one message at a time or decoding ahead on worker threads.
@@ -437,7 +498,7 @@ mod tests {
         data: &[Vec<String>],
         stop_every: u64,
         flush: bool,
-        ahead: bool,
+        ahead: Ahead,
     ) -> (Windows, Vec<(i32, i64)>, u64) {
         let mut eng = engine(data.len(), 1000, 200);
         let mut windows = Vec::new();
@@ -446,10 +507,12 @@ mod tests {
         loop {
             let starts: Vec<i64> = eng.progress().iter().map(|p| p.next_offset).collect();
             let mut src = MemorySource::new(data.to_vec(), &starts);
-            let mut state = if ahead {
-                ReadState::decode_ahead(data.len(), &config(1000, 200), 2)
-            } else {
-                ReadState::new(data.len())
+            let mut state = match ahead {
+                Ahead::No => ReadState::new(data.len()),
+                Ahead::Yes => ReadState::decode_ahead(data.len(), &config(1000, 200), 2),
+                Ahead::WhenWide => {
+                    ReadState::decode_ahead_when_wide(data.len(), &config(1000, 200), 1)
+                }
             };
             let stop =
                 read_cycle(&mut eng, &mut src, &mut state, &limits(stop_every), &|| 0).unwrap();
@@ -679,10 +742,47 @@ mod tests {
         assert!(!straight.1.is_empty() && straight.2 > 0);
         for every in [u64::MAX, 997, 4096] {
             assert_eq!(
-                run_with(&data, every, true, true),
+                run_with(&data, every, true, Ahead::Yes),
                 straight,
                 "decoding ahead, stopping every {every} messages"
             );
+        }
+    }
+
+    /// The events of `skewed_data_of`, each padded to about `bytes` bytes.
+    fn padded(data: Vec<Vec<String>>, bytes: usize) -> Vec<Vec<String>> {
+        let pad = |l: String| match l.strip_suffix('}') {
+            Some(body) if l.len() < bytes => {
+                let fill = "x".repeat(bytes - l.len());
+                format!("{body},\"pad\":\"{fill}\"}}")
+            }
+            _ => l,
+        };
+        data.into_iter()
+            .map(|p| p.into_iter().map(pad).collect())
+            .collect()
+    }
+
+    #[test]
+    fn parsing_ahead_starts_part_way_on_wide_messages_and_changes_nothing() {
+        let wide = padded(skewed_data_of(3000), 300);
+        let straight = run(&wide, u64::MAX, true);
+        for every in [u64::MAX, 997, 5000] {
+            assert_eq!(
+                run_with(&wide, every, true, Ahead::WhenWide),
+                straight,
+                "stopping every {every} messages"
+            );
+        }
+        // Whether it started: wide messages switch after the sample, narrow ones never.
+        for (data, switches) in [(wide, true), (skewed_data_of(3000), false)] {
+            let mut eng = engine(data.len(), 1000, 200);
+            let mut src = MemorySource::new(data.clone(), &[0; 4]);
+            let mut state = ReadState::decode_ahead_when_wide(data.len(), &config(1000, 200), 1);
+            assert!(!state.decoding_ahead());
+            read_cycle(&mut eng, &mut src, &mut state, &limits(u64::MAX), &|| 0).unwrap();
+            assert_eq!(state.decoding_ahead(), switches);
+            assert_eq!(eng.counters().events_consumed, 12_000);
         }
     }
 

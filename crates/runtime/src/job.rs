@@ -163,12 +163,12 @@ fn resume_engine(
 }
 
 /// Threads that parse messages ahead of the merge: the cores left once the merge and the
-/// commit thread (with DuckDB's writes) have one each, at most three; none on two cores, where
-/// parsing ahead measured slower end to end (README, benchmarks).
-fn decode_threads() -> usize {
-    std::thread::available_parallelism()
-        .map_or(0, |n| n.get().saturating_sub(2))
-        .min(3)
+/// commit thread (with DuckDB's writes) have one each, at most three. On two cores, one thread
+/// once the messages turn out to be wide (`ReadState::decode_ahead_when_wide`): on narrow ones
+/// it measured no faster end to end (README, benchmarks).
+fn decode_threads() -> (usize, usize) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores.saturating_sub(2).min(3), usize::from(cores == 2))
 }
 
 impl Run {
@@ -213,10 +213,15 @@ impl Run {
             run_deadline: cfg
                 .max_runtime_ms
                 .map(|ms| started + Duration::from_millis(ms as u64)),
-            read: if decode_threads() == 0 {
-                ReadState::new(source.partitions().len())
-            } else {
-                ReadState::decode_ahead(source.partitions().len(), &cfg.engine, decode_threads())
+            read: match decode_threads() {
+                (0, when_wide) => ReadState::decode_ahead_when_wide(
+                    source.partitions().len(),
+                    &cfg.engine,
+                    when_wide,
+                ),
+                (threads, _) => {
+                    ReadState::decode_ahead(source.partitions().len(), &cfg.engine, threads)
+                }
             },
             next_seq: stored.as_ref().map_or(1, |s| s.next_seq),
             cfg,
