@@ -122,6 +122,23 @@ impl EngineConfig {
     pub fn schemas(&self) -> OutputSchemas {
         OutputSchemas::new(self.windows_schema())
     }
+
+    /// The predecessor's job: fields `key`, `event_time_ms` and `payload.value`, no idle timeout
+    /// (the tests' usual configuration).
+    #[cfg(test)]
+    pub(crate) fn for_tests(window_ms: i64, lateness_ms: i64) -> EngineConfig {
+        let p = |s: &str| crate::decode::FieldPath::parse(s).unwrap();
+        EngineConfig::with_defaults(
+            TimeSpec {
+                window_ms,
+                lateness_ms,
+                idle_timeout_ms: None,
+            },
+            p("key"),
+            p("event_time_ms"),
+            &p("payload.value"),
+        )
+    }
 }
 
 /// Where a job left off: the watermark floor, each partition's progress, the open windows (in

@@ -408,24 +408,13 @@ pub fn reported_watermark(ms: i64) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::FieldPath;
     use crate::rows::OwnedCell;
     use crate::source::memory::MemorySource;
     use crate::state::Batch;
     use crate::watermark::PartitionClock;
 
     fn config(window: i64, lateness: i64) -> EngineConfig {
-        let p = |s: &str| FieldPath::parse(s).unwrap();
-        EngineConfig::with_defaults(
-            TimeSpec {
-                window_ms: window,
-                lateness_ms: lateness,
-                idle_timeout_ms: None,
-            },
-            p("key"),
-            p("event_time_ms"),
-            &p("payload.value"),
-        )
+        EngineConfig::for_tests(window, lateness)
     }
 
     fn ev(key: &str, t: i64, v: f64) -> String {

@@ -472,21 +472,9 @@ impl DecodeAhead {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::FieldPath;
-    use crate::engine::TimeSpec;
 
     fn cfg() -> EngineConfig {
-        let p = |s: &str| FieldPath::parse(s).unwrap();
-        EngineConfig::with_defaults(
-            TimeSpec {
-                window_ms: 1000,
-                lateness_ms: 0,
-                idle_timeout_ms: None,
-            },
-            p("key"),
-            p("event_time_ms"),
-            &p("payload.value"),
-        )
+        EngineConfig::for_tests(1000, 0)
     }
 
     #[test]

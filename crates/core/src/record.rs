@@ -445,17 +445,7 @@ mod tests {
     use crate::decode::Decoder;
 
     fn config() -> EngineConfig {
-        let p = |s: &str| FieldPath::parse(s).unwrap();
-        EngineConfig::with_defaults(
-            crate::engine::TimeSpec {
-                window_ms: 1000,
-                lateness_ms: 0,
-                idle_timeout_ms: None,
-            },
-            p("key"),
-            p("event_time_ms"),
-            &p("payload.value"),
-        )
+        EngineConfig::for_tests(1000, 0)
     }
 
     fn plan() -> Plan {
