@@ -105,6 +105,37 @@ def test_follow_reads_what_arrives_and_windows_appear_during_the_run(tmp_path):
     assert totals(con) == (90, 0, 0)
 
 
+@pytest.mark.parametrize("mode", ["upsert", "append"])
+def test_duckdb_checkpoints_while_a_follow_run_writes_to_its_existing_tables(tmp_path, mode):
+    """A long-running job must not keep DuckDB from checkpointing: what it writes reaches the
+    database file during the run (its WAL and memory stay bounded) and a user's CHECKPOINT or
+    backup works meanwhile. Holds once the job's tables exist; the run that creates them cannot
+    let DuckDB checkpoint until it ends (README, Memory)."""
+    d = tmp_path / "in"
+    d.mkdir()
+    a = d / "a.ndjson"
+    append(a, [ev("x", i * 100) for i in range(10)])
+    db = tmp_path / "db.duckdb"
+    con = connect(db)
+    sql = f"""SELECT * FROM streaming_etl_run('file:{d}/*.ndjson', 1000, 0, write_mode := '{mode}'"""
+    con.execute(sql + ")").fetchall()  # creates the tables (and checkpoints the job)
+    watcher = con.cursor()
+    run = Background(con.cursor(), sql + ", follow := true, max_runtime_ms := 8000, checkpoint_interval_ms := 100)")
+    for step in range(1, 4):
+        append(a, [ev("x", step * 1000 + i * 100) for i in range(10)])
+        closed_to = step * 1000
+        wait_for(lambda: watcher.execute("SELECT max(window_end_ms) FROM windows").fetchone()[0] == closed_to)
+        # Written by the run a moment ago, while it is still running: DuckDB can fold it into
+        # the database file now.
+        watcher.execute("CHECKPOINT")
+        assert run.thread.is_alive()
+        wal = f"{db}.wal"
+        assert not os.path.exists(wal) or os.path.getsize(wal) < 64 * 1024, os.path.getsize(wal)
+    run.join()
+    con.execute(sql + ", flush := true)").fetchall()
+    assert totals(con) == (40, 0, 0)
+
+
 def test_follow_stops_at_max_messages_and_limit(tmp_path):
     d = tmp_path / "in"
     d.mkdir()
