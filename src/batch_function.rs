@@ -7,13 +7,13 @@ use std::error::Error;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use duckdb::core::{DataChunkHandle, FlatVector, LogicalTypeHandle, LogicalTypeId};
+use duckdb::core::{DataChunkHandle, LogicalTypeHandle, LogicalTypeId};
 use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
 use streaming_etl_core::error::EtlError;
 use streaming_etl_core::rows::{RowCursor, Rows};
 
 use crate::contained;
-use crate::result::{logical_type, write_cell};
+use crate::result::{logical_type, OutVector};
 
 pub const NAME: &str = "__streaming_etl_batch";
 
@@ -97,17 +97,17 @@ impl VTab for BatchFunction {
                 .at
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let mut vectors: Vec<FlatVector<'_>> = (0..rows.types().len())
-                .map(|i| output.flat_vector(i))
+            let mut vectors: Vec<OutVector<'_>> = (0..rows.types().len())
+                .map(|i| OutVector::new(output.flat_vector(i)))
                 .collect();
             let capacity = vectors.first().map_or(0, |v| v.capacity());
             let n = rows
                 .each_from(&mut at, capacity, |row, cells| {
                     for (v, cell) in vectors.iter_mut().zip(cells) {
-                        if !write_cell(v, row, *cell) {
+                        if !v.write(row, *cell) {
                             return Err(format!(
                                 "column of type {:?} cannot hold {cell:?}",
-                                v.logical_type().id()
+                                v.type_id()
                             ));
                         }
                     }

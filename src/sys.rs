@@ -146,11 +146,19 @@ pub fn func_host<T: VTab>(func: &TableFunctionInfo<T>) -> Option<Arc<Host>> {
     unsafe { func.get_extra_info::<Arc<Host>>().as_ref().cloned() }
 }
 
-/// Writes a fixed-size value into an output column after checking the column's type.
+/// Writes a fixed-size value into an output column after checking the column's type, `actual`:
+/// the vector's logical type as read once per chunk by [`crate::result::OutVector`] (reading
+/// it allocates in DuckDB, too much to do per value).
 /// Missing in `duckdb`: a safe way to write primitive values (`FlatVector::as_mut_slice` is
 /// unsafe because it trusts the type).
-fn write_fixed<V: Copy>(vector: &mut FlatVector<'_>, ty: LogicalTypeId, row: usize, v: V) -> bool {
-    if vector.logical_type().id() != ty || row >= vector.capacity() {
+fn write_fixed<V: Copy>(
+    vector: &mut FlatVector<'_>,
+    actual: LogicalTypeId,
+    ty: LogicalTypeId,
+    row: usize,
+    v: V,
+) -> bool {
+    if actual != ty || row >= vector.capacity() {
         return false;
     }
     // SAFETY: the column's logical type was checked to store `V` (i64 for BIGINT, i32 for
@@ -159,18 +167,18 @@ fn write_fixed<V: Copy>(vector: &mut FlatVector<'_>, ty: LogicalTypeId, row: usi
     true
 }
 
-pub fn write_i64(vector: &mut FlatVector<'_>, row: usize, v: i64) -> bool {
-    write_fixed(vector, LogicalTypeId::Bigint, row, v)
+pub fn write_i64(vector: &mut FlatVector<'_>, actual: LogicalTypeId, row: usize, v: i64) -> bool {
+    write_fixed(vector, actual, LogicalTypeId::Bigint, row, v)
 }
 
-pub fn write_i32(vector: &mut FlatVector<'_>, row: usize, v: i32) -> bool {
-    write_fixed(vector, LogicalTypeId::Integer, row, v)
+pub fn write_i32(vector: &mut FlatVector<'_>, actual: LogicalTypeId, row: usize, v: i32) -> bool {
+    write_fixed(vector, actual, LogicalTypeId::Integer, row, v)
 }
 
-pub fn write_f64(vector: &mut FlatVector<'_>, row: usize, v: f64) -> bool {
-    write_fixed(vector, LogicalTypeId::Double, row, v)
+pub fn write_f64(vector: &mut FlatVector<'_>, actual: LogicalTypeId, row: usize, v: f64) -> bool {
+    write_fixed(vector, actual, LogicalTypeId::Double, row, v)
 }
 
-pub fn write_bool(vector: &mut FlatVector<'_>, row: usize, v: bool) -> bool {
-    write_fixed(vector, LogicalTypeId::Boolean, row, v)
+pub fn write_bool(vector: &mut FlatVector<'_>, actual: LogicalTypeId, row: usize, v: bool) -> bool {
+    write_fixed(vector, actual, LogicalTypeId::Boolean, row, v)
 }
