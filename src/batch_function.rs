@@ -13,7 +13,8 @@ use streaming_etl_core::error::EtlError;
 use streaming_etl_core::rows::{RowCursor, Rows};
 
 use crate::contained;
-use crate::result::{logical_type, OutVector};
+use crate::result::{logical_type, write_cell};
+use crate::sys::OutVector;
 
 pub const NAME: &str = "__streaming_etl_batch";
 
@@ -104,7 +105,7 @@ impl VTab for BatchFunction {
             let n = rows
                 .each_from(&mut at, capacity, |row, cells| {
                     for (v, cell) in vectors.iter_mut().zip(cells) {
-                        if !v.write(row, *cell) {
+                        if !write_cell(v, row, *cell) {
                             return Err(format!(
                                 "column of type {:?} cannot hold {cell:?}",
                                 v.type_id()

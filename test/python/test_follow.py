@@ -66,13 +66,18 @@ def totals(con):
     return w, late, dead
 
 
-def test_follow_reads_what_arrives_and_windows_appear_during_the_run(tmp_path):
+def one_file_of_ten_events(tmp_path):
+    """A source directory with one file of ten events of key x (0-900 ms), and a database."""
     d = tmp_path / "in"
     d.mkdir()
     a = d / "a.ndjson"
     append(a, [ev("x", i * 100) for i in range(10)])
     db = tmp_path / "db.duckdb"
-    con = connect(db)
+    return d, a, db, connect(db)
+
+
+def test_follow_reads_what_arrives_and_windows_appear_during_the_run(tmp_path):
+    d, a, db, con = one_file_of_ten_events(tmp_path)
     watcher = con.cursor()
     run = Background(con.cursor(), f"""SELECT * FROM streaming_etl_run('file:{d}/*.ndjson', 1000, 0,
         follow := true, max_runtime_ms := 8000, checkpoint_interval_ms := 200)""")
@@ -113,12 +118,7 @@ def test_duckdb_checkpoints_while_a_follow_run_writes(tmp_path, mode, first_run)
     when it is called by its qualified name, as the README advises for a long follow job on a new
     database (the calling statement then starts no transaction in the database, which would keep
     DuckDB from checkpointing the tables' creation until the run ends)."""
-    d = tmp_path / "in"
-    d.mkdir()
-    a = d / "a.ndjson"
-    append(a, [ev("x", i * 100) for i in range(10)])
-    db = tmp_path / "db.duckdb"
-    con = connect(db)
+    d, a, db, con = one_file_of_ten_events(tmp_path)
     fn = "system.main.streaming_etl_run" if first_run else "streaming_etl_run"
     sql = f"""SELECT * FROM {fn}('file:{d}/*.ndjson', 1000, 0, write_mode := '{mode}'"""
     if not first_run:
