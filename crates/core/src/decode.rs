@@ -533,12 +533,16 @@ impl Parser<'_, '_> {
         let mut escaped = false;
         let mut ascii = true;
         loop {
-            // Skip 8 plain bytes at a time: none is '"', '\\', a control character or non-ASCII.
+            // Skip plain bytes 8 at a time (none is '"', '\\', a control character or
+            // non-ASCII), and straight to the first special one of a word: most strings (member
+            // names, keys) end inside their first word.
             while let Some(chunk) = self.b.get(self.i..self.i + 8) {
                 let w = u64::from_le_bytes([
                     chunk[0], chunk[1], chunk[2], chunk[3], chunk[4], chunk[5], chunk[6], chunk[7],
                 ]);
-                if special_byte(w) {
+                let special = special_bytes(w);
+                if special != 0 {
+                    self.i += (special.trailing_zeros() / 8) as usize;
                     break;
                 }
                 self.i += 8;
@@ -659,10 +663,12 @@ impl Parser<'_, '_> {
     }
 }
 
-/// Whether any of the 8 bytes in `w` needs a look inside a string: '"', '\\', a control
-/// character (< 0x20) or a non-ASCII byte.
+/// The bytes of `w` (little-endian) that need a look inside a string: '"', '\\', a control
+/// character (< 0x20) or a non-ASCII byte, as the high bit of each. Bits above the lowest set
+/// one may be spurious (a borrow carries into the next byte), so only the lowest is exact: the
+/// first special byte.
 #[inline]
-fn special_byte(w: u64) -> bool {
+fn special_bytes(w: u64) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let has_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
@@ -670,7 +676,7 @@ fn special_byte(w: u64) -> bool {
     let backslash = has_zero(w ^ (ONES * u64::from(b'\\')));
     // A byte below 0x20 borrows when 0x20 is subtracted (for bytes without the high bit).
     let control = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
-    (quote | backslash | control | (w & HIGH)) != 0
+    quote | backslash | control | (w & HIGH)
 }
 
 /// Parses a JSON integer literal; `None` when it does not fit in an i64.
@@ -841,6 +847,36 @@ mod tests {
         );
         assert_eq!(d.decode(br#"{"key":"\ud800x"}"#).err(), unpaired.err());
         assert_eq!(d.decode(br#"{"key":"\ud800\u0041"}"#).err(), unpaired.err());
+    }
+
+    #[test]
+    fn the_lowest_special_bit_is_the_first_byte_a_string_must_look_at() {
+        let special = |b: u8| b == b'"' || b == b'\\' || !(0x20..0x80).contains(&b);
+        // Bytes next to every class boundary, so borrows between neighbours are covered.
+        let edge = [
+            0x00, 0x01, 0x1f, 0x20, 0x21, 0x22, 0x23, 0x5b, 0x5c, 0x5d, 0x7f, 0x80, 0x9f, 0xa0,
+            0xff, b'a',
+        ];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for n in 0..400_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Half the words from the edge bytes only, half with random bytes.
+            let w = if n % 2 == 0 {
+                u64::from_le_bytes(std::array::from_fn(|i| {
+                    edge[((x >> (i * 4)) & 15) as usize]
+                }))
+            } else {
+                x
+            };
+            let first = w.to_le_bytes().iter().position(|&b| special(b));
+            let got = special_bytes(w);
+            match first {
+                None => assert_eq!(got, 0, "{w:#018x}"),
+                Some(p) => assert_eq!(got.trailing_zeros() / 8, p as u32, "{w:#018x}"),
+            }
+        }
     }
 
     #[test]
