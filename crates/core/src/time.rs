@@ -248,7 +248,9 @@ pub fn iso8601_ms(b: &[u8], zone: Option<&Zone>) -> Result<i64, TimeError> {
         return Err(bad("expected YYYY-MM-DD"));
     }
     let (y, mo, d) = (num(b, 0, 4)?, num(b, 5, 2)?, num(b, 8, 2)?);
-    if !(1..=12).contains(&mo) || d < 1 || d > days_in_month(y, mo) || y < 1 {
+    // Year 0000 is a date (RFC 3339, proleptic Gregorian): whether the instant falls within
+    // years 1-9999 is decided once the offset is applied (0000-12-31T23:00-02:00 is in year 1).
+    if !(1..=12).contains(&mo) || d < 1 || d > days_in_month(y, mo) {
         return Err(bad("no such date"));
     }
     match b.get(10) {
@@ -329,6 +331,25 @@ mod tests {
 
     fn iso(s: &str) -> Result<i64, TimeError> {
         iso8601_ms(s.as_bytes(), None)
+    }
+
+    #[test]
+    fn year_zero_is_a_date_and_only_the_instant_must_be_in_years_1_to_9999() {
+        // Found by the fuzzer: RFC 3339 (and chrono) read year 0000; with a negative offset
+        // the instant can be in year 1.
+        assert_eq!(
+            iso("0000-12-31T23:00:09-22:52"),
+            iso("0001-01-01T21:52:09Z")
+        );
+        assert!(iso("0001-01-01T21:52:09Z").is_ok());
+        assert_eq!(iso("0000-12-31T23:59:59Z"), Err(TimeError::OutOfRange));
+        assert_eq!(iso("0000-02-29T00:00:00+00:00"), Err(TimeError::OutOfRange));
+        assert!(matches!(
+            iso("0000-02-30T00:00:00Z"),
+            Err(TimeError::BadIso(_))
+        ));
+        assert_eq!(iso("9999-12-31T23:59:59.999Z").map(|_| ()), Ok(()));
+        assert_eq!(iso("9999-12-31T23:59:59-00:01"), Err(TimeError::OutOfRange));
     }
 
     #[test]
