@@ -341,10 +341,10 @@ def many_keys_jobs(events):
 
 
 def memory_jobs(sizes, limit="256MB"):
-    """Peak RSS of whole runs over 1M, 10M and 30M events (50 keys, 1 s windows) with DuckDB's
+    """Peak RSS of runs (read as the statement ends) over 1M, 10M and 30M events (50 keys, 1 s windows) with DuckDB's
     memory_limit fixed, in both write modes, beside DuckDB's own batch query; `append` also as a
     later run of a job, whose tables exist (the run that creates them keeps what it writes out of
-    DuckDB's checkpoints until it ends: README, Memory)."""
+    DuckDB's checkpoints until it ends: README, "DuckDB's checkpoints during a run")."""
     env = {"BENCH_MEMORY_LIMIT": limit}
     results = []
     for events in sizes:
