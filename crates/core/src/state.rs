@@ -375,7 +375,7 @@ pub(crate) mod legacy {
                 AggState::Min(has.then_some(min)),
                 AggState::Max(has.then_some(max)),
             ]);
-            store.insert_states(start, key, states);
+            store.insert_states(start, &key, states);
         }
         r.end()?;
         Ok(store)
