@@ -170,6 +170,13 @@ impl Checkpoint {
         let err = sql_err(path);
         conn.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(&err)?;
+        // 16 KiB pages for a new file (an existing one keeps its own): a cycle's output passes
+        // through the outbox as one blob, and with 4 KiB pages SQLite's work per page (allocating
+        // it, spilling and checkpointing its WAL frame, a write call each) made the commit thread
+        // the bound on many keys (3.8M window rows: 4.0 -> 3.2 s a run). 64 KiB measured little
+        // faster again but writes 16x the bytes of a small cycle's few changed pages.
+        conn.execute_batch("PRAGMA page_size = 16384;")
+            .map_err(&err)?;
         // Reading the header first turns "not a database" into an error right here.
         let mode: String = conn
             .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))

@@ -358,3 +358,45 @@ fn a_file_checkpoint_survives_reopening() {
     assert_eq!(tables.snapshot(), straight());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// New checkpoint files get 16 KiB pages (a cycle's output passes through the outbox as one
+/// blob); a file an earlier version made with 4 KiB pages keeps them and serves as before.
+#[test]
+fn checkpoint_files_new_and_old_page_sizes() {
+    let dir = std::env::temp_dir().join(format!("setl-pages-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let page_size = |path: &str| -> i64 {
+        rusqlite::Connection::open(path)
+            .unwrap()
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .unwrap()
+    };
+    for (name, existing) in [("new.ckpt", None), ("old.ckpt", Some(4096))] {
+        let path = dir.join(name).to_string_lossy().into_owned();
+        let _ = std::fs::remove_file(&path);
+        if let Some(size) = existing {
+            rusqlite::Connection::open(&path)
+                .unwrap()
+                .execute_batch(&format!(
+                    "PRAGMA page_size = {size}; PRAGMA journal_mode = WAL; CREATE TABLE earlier (x);"
+                ))
+                .unwrap();
+        }
+        let tables = MemoryTables::default();
+        for _ in 0..100 {
+            let h = Harness {
+                checkpoint: Checkpoint::open_file(&path).unwrap(),
+                locks: Arc::new(MemoryLocks::default()),
+                tables: tables.clone(),
+                ok_applies: Arc::new(AtomicUsize::new(usize::MAX)),
+            };
+            let loc = CheckpointLocation::File(path.clone());
+            if h.run(config(loc, Some(321), 1000), false).unwrap() == "caught_up" {
+                break;
+            }
+        }
+        assert_eq!(tables.snapshot(), straight(), "{name}");
+        assert_eq!(page_size(&path), existing.unwrap_or(16384), "{name}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
