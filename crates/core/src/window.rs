@@ -194,6 +194,9 @@ impl Pane {
     }
 }
 
+/// Emptied panes kept for reuse.
+const SPARE_PANES: usize = 4;
+
 /// The open panes of a tumbling or hopping job.
 pub struct PaneStore {
     size_ms: i64,
@@ -311,7 +314,10 @@ impl PaneStore {
 
     fn recycle(&mut self, mut pane: Pane) {
         self.entries -= pane.len();
-        if self.spare.len() < 64 {
+        // A pane keeps the room its busiest use grew; panes open and close one per hop, so a
+        // few spares serve every new one, and a watermark that closes many at once leaves no
+        // more than these held for the rest of a long run.
+        if self.spare.len() < SPARE_PANES {
             pane.clear();
             self.spare.push(pane);
         }
