@@ -152,6 +152,10 @@ fn create_schema(conn: &Connection, path: &str) -> Result<()> {
     Ok(())
 }
 
+fn page_size(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("PRAGMA page_size", [], |r| r.get(0))
+}
+
 impl Checkpoint {
     /// A new checkpoint in memory (it lives as long as the value and its clones).
     pub fn open_memory() -> Result<Checkpoint> {
@@ -189,8 +193,13 @@ impl Checkpoint {
                 format!("cannot switch it to WAL mode (got journal_mode={mode}); is its directory writable?"),
             ));
         }
-        conn.execute_batch("PRAGMA synchronous=FULL;")
-            .map_err(&err)?;
+        // The WAL is checkpointed into the file once it passes 4 MiB, as with SQLite's default
+        // of 1000 pages when pages were 4 KiB: a job's disk footprint stays what it was.
+        let pages = (4_i64 << 20) / page_size(&conn).map_err(&err)?.max(512);
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous=FULL; PRAGMA wal_autocheckpoint={pages};"
+        ))
+        .map_err(&err)?;
         let check: String = conn
             .query_row("PRAGMA quick_check", [], |r| r.get(0))
             .map_err(|e| EtlError::checkpoint(path, format!("the file is damaged: {e}")))?;
@@ -480,5 +489,37 @@ pub fn inspect(
     match checkpoint {
         Some(c) => c.rows(job),
         None => Ok(Vec::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// New files get 16 KiB pages, existing ones keep theirs, and whatever a file's page size,
+    /// its WAL is folded into it once past 4 MiB (SQLite counts that threshold in pages).
+    #[test]
+    fn the_wal_is_checkpointed_at_4_mib_whatever_the_page_size() {
+        let dir = std::env::temp_dir().join(format!("setl-wal-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, existing) in [("new", None), ("4k", Some(4096)), ("64k", Some(65536))] {
+            let path = dir.join(name).to_string_lossy().into_owned();
+            let _ = std::fs::remove_file(&path);
+            if let Some(size) = existing {
+                Connection::open(&path)
+                    .unwrap()
+                    .execute_batch(&format!("PRAGMA page_size = {size}; CREATE TABLE t (x);"))
+                    .unwrap();
+            }
+            let c = Checkpoint::open_file(&path).unwrap();
+            let db = c.db();
+            let size = page_size(&db).unwrap();
+            assert_eq!(size, existing.unwrap_or(16384), "{name}");
+            let pages: i64 = db
+                .query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(pages * size, 4 << 20, "{name}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
