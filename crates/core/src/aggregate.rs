@@ -463,7 +463,12 @@ fn set_stamped(slot: &mut Option<Box<Stamped>>, t: i64, s: &str) {
 pub type States = Box<[AggState]>;
 
 pub fn new_states(aggs: &[AggSpec]) -> States {
-    aggs.iter().map(|a| AggState::new(a.func)).collect()
+    fresh_states(aggs).collect()
+}
+
+/// The empty state of each aggregate, in order.
+pub fn fresh_states(aggs: &[AggSpec]) -> impl Iterator<Item = AggState> + '_ {
+    aggs.iter().map(|a| AggState::new(a.func))
 }
 
 pub fn merge_states(into: &mut [AggState], from: &[AggState]) {

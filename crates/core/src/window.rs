@@ -11,7 +11,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use hashbrown::HashTable;
 
 use crate::aggregate::{
-    decode_states, encode_states, merge_states, AggSpec, AggState, Input, States,
+    decode_states, encode_states, fresh_states, merge_states, AggSpec, AggState, Input, States,
 };
 use crate::record::key_parts;
 use crate::rows::Rows;
@@ -95,9 +95,7 @@ pub fn write_window(
 struct Pane {
     /// Entry numbers, by the hash of their key.
     index: HashTable<usize>,
-    /// Per entry: the hash of its key (to grow `index` without rehashing keys) and where its
-    /// key is in `keys`.
-    hashes: Vec<u64>,
+    /// Per entry: where its key is in `keys`.
     spans: Vec<(usize, usize)>,
     keys: Vec<u8>,
     /// `width` states per entry, in entry order.
@@ -141,12 +139,14 @@ impl Pane {
         let i = self.spans.len();
         self.spans.push((self.keys.len(), key.len()));
         self.keys.extend_from_slice(key);
-        self.hashes.push(hash);
         let before = self.states.len();
         self.states.extend(states);
         self.width = self.states.len() - before;
-        let hashes = &self.hashes;
-        self.index.insert_unique(hash, i, |&j| hashes[j]);
+        let (spans, keys) = (&self.spans, &self.keys);
+        self.index.insert_unique(hash, i, |&j| {
+            let (at, len) = spans[j];
+            hash_key(&keys[at..at + len])
+        });
         i
     }
 
@@ -157,10 +157,7 @@ impl Pane {
         let hash = hash_key(key);
         let (i, new) = match self.find(hash, key) {
             Some(i) => (i, false),
-            None => (
-                self.push(hash, key, aggs.iter().map(|a| AggState::new(a.func))),
-                true,
-            ),
+            None => (self.push(hash, key, fresh_states(aggs)), true),
         };
         let w = self.width;
         (&mut self.states[i * w..(i + 1) * w], new)
@@ -187,7 +184,6 @@ impl Pane {
     /// Empties the pane, keeping what it allocated.
     fn clear(&mut self) {
         self.index.clear();
-        self.hashes.clear();
         self.spans.clear();
         self.keys.clear();
         self.states.clear();
