@@ -354,32 +354,43 @@ fn run_reopening(path: &str) -> TableRows {
     tables.snapshot()
 }
 
+/// A directory of this process's own for a test's checkpoint file (removed when dropped), and
+/// the file's path in it.
+struct ScratchFile(std::path::PathBuf, String);
+
+impl ScratchFile {
+    fn new(test: &str) -> ScratchFile {
+        let dir = std::env::temp_dir().join(format!("setl-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("jobs.ckpt").to_string_lossy().into_owned();
+        ScratchFile(dir, path)
+    }
+}
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[test]
 fn a_file_checkpoint_survives_reopening() {
-    let dir = std::env::temp_dir().join(format!("setl-run-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("jobs.ckpt").to_string_lossy().into_owned();
-    let _ = std::fs::remove_file(&path);
-    assert_eq!(run_reopening(&path), straight());
-    let _ = std::fs::remove_dir_all(dir);
+    let file = ScratchFile::new("run");
+    assert_eq!(run_reopening(&file.1), straight());
 }
 
 /// A checkpoint file an earlier version made with 4 KiB pages (new ones get 16 KiB) keeps them
 /// and serves as before.
 #[test]
 fn a_checkpoint_file_with_4_kib_pages_serves_as_before() {
-    let dir = std::env::temp_dir().join(format!("setl-pages-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("old.ckpt").to_string_lossy().into_owned();
-    let _ = std::fs::remove_file(&path);
-    let old = rusqlite::Connection::open(&path).unwrap();
+    let file = ScratchFile::new("pages");
+    let old = rusqlite::Connection::open(&file.1).unwrap();
     old.execute_batch(
         "PRAGMA page_size = 4096; PRAGMA journal_mode = WAL; CREATE TABLE earlier (x);",
     )
     .unwrap();
-    assert_eq!(run_reopening(&path), straight());
+    assert_eq!(run_reopening(&file.1), straight());
     let size: i64 = old.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
     assert_eq!(size, 4096);
-    drop(old);
-    let _ = std::fs::remove_dir_all(dir);
 }
