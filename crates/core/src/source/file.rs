@@ -103,10 +103,16 @@ fn find(source_name: &str, pattern: &str, policy: Option<&PathPolicy>) -> Result
     let err = |m: String| EtlError::source(source_name, m);
     let mut out = Vec::new();
     for path in glob(pattern, policy).map_err(err)? {
-        let abs = std::fs::canonicalize(&path)
-            .map_err(|e| err(format!("cannot resolve '{}': {e}", path.display())))?;
-        let meta = std::fs::metadata(&abs)
-            .map_err(|e| err(format!("cannot read '{}': {e}", abs.display())))?;
+        // A file renamed or deleted between the listing and here (a log being rotated) is not
+        // an error: under its new name it is found by the next look.
+        let abs = match std::fs::canonicalize(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            r => r.map_err(|e| err(format!("cannot resolve '{}': {e}", path.display())))?,
+        };
+        let meta = match std::fs::metadata(&abs) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            r => r.map_err(|e| err(format!("cannot read '{}': {e}", abs.display())))?,
+        };
         // Two names of one file (hard links, symlinks) are one partition.
         if out
             .iter()
@@ -348,26 +354,71 @@ impl FileSource {
         self.gaps.retain(|g| keep(g.partition));
     }
 
-    fn reader(&mut self, idx: usize) -> Result<&mut LineReader> {
-        let policy = self.opts.policy.clone();
-        let slot = &mut self.slots[idx];
-        if slot.reader.is_none() {
-            let err = |e: String| {
-                EtlError::source(
-                    &self.source_name,
-                    format!("cannot read '{}': {e}", slot.path.display()),
-                )
-            };
-            allowed(policy.as_ref(), &slot.path).map_err(err)?;
-            let file = File::open(&slot.path).map_err(|e| err(e.to_string()))?;
-            slot.reader = Some(
-                LineReader::open(file, slot.codec, slot.next, self.buf_size)
-                    .map_err(|e| err(e.to_string()))?,
-            );
+    /// The partition's reader, opening its file where the file is now: it may have been renamed
+    /// (a log rotated) since it was found, and another file may have taken its name, which must
+    /// never be read in its place. None when the file is nowhere to be found: the partition is
+    /// then gone, with a gap for what was not read.
+    fn reader(&mut self, idx: usize) -> Result<Option<&mut LineReader>> {
+        if self.slots[idx].reader.is_none() && !self.open_reader(idx)? {
+            return Ok(None);
         }
-        slot.reader
+        self.slots[idx]
+            .reader
             .as_mut()
+            .map(Some)
             .ok_or_else(|| EtlError::Internal("file reader missing".into()))
+    }
+
+    fn open_reader(&mut self, idx: usize) -> Result<bool> {
+        let policy = self.opts.policy.clone();
+        let (part, slot) = (&mut self.parts[idx], &mut self.slots[idx]);
+        let name = &self.source_name;
+        let err = |path: &Path, e: String| {
+            EtlError::source(name, format!("cannot read '{}': {e}", path.display()))
+        };
+        allowed(policy.as_ref(), &slot.path).map_err(|e| err(&slot.path, e))?;
+        let at_path = File::open(&slot.path).and_then(|f| Ok((f.metadata()?, f)));
+        let file = match at_path {
+            // Files known by path only (checkpoints of version 0.1) are taken as they are.
+            Ok((meta, f))
+                if part.identity.is_empty() || same_file(&part.identity, &slot.path, &meta) =>
+            {
+                f
+            }
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(err(&slot.path, e.to_string()))
+            }
+            _ => {
+                let moved = slot
+                    .path
+                    .parent()
+                    .and_then(|dir| renamed_in(dir, &part.identity, policy.as_ref()));
+                let Some(found) = moved else {
+                    let unread = slot.size.is_none_or(|size| size > slot.next);
+                    part.gone = true;
+                    if !unread {
+                        return Ok(false);
+                    }
+                    self.gaps.push(Gap {
+                        partition: part.partition,
+                        from: slot.next,
+                        message: format!(
+                            "file '{}' was deleted (or moved out of reach) before this job read it to the end: what followed byte {} was never read",
+                            slot.path.display(),
+                            slot.next
+                        ),
+                    });
+                    return Ok(false);
+                };
+                slot.path = found.path;
+                File::open(&slot.path).map_err(|e| err(&slot.path, e.to_string()))?
+            }
+        };
+        slot.reader = Some(
+            LineReader::open(file, slot.codec, slot.next, self.buf_size)
+                .map_err(|e| err(&slot.path, e.to_string()))?,
+        );
+        Ok(true)
     }
 }
 
@@ -409,7 +460,10 @@ impl Source for FileSource {
             return Ok(Pull::Exhausted);
         }
         let mut last = None;
-        let result = self.reader(idx)?.pull(&mut |m| {
+        let Some(reader) = self.reader(idx)? else {
+            return Ok(Pull::Exhausted);
+        };
+        let result = reader.pull(&mut |m| {
             last = Some(m.next_offset);
             each(m)
         });
@@ -677,5 +731,45 @@ mod tests {
         let d = tmpdir("nomatch");
         let e = open(&format!("{}/none-*", d.display()), &[]).err().unwrap();
         assert!(e.to_string().contains("no file matches"), "{e}");
+    }
+
+    /// A log rotated by renaming after the job found it but before it read it: the job reads
+    /// the file under its new name from where it was, never the new file that took the name.
+    #[test]
+    fn a_file_renamed_before_its_first_read_is_read_where_it_went() {
+        let d = tmpdir("renamed-early");
+        std::fs::write(d.join("app.ndjson"), b"first\nsecond\n").unwrap();
+        let pattern = format!("{}/app.ndjson*", d.display());
+        let mut src = open(&pattern, &[]).unwrap();
+        std::fs::rename(d.join("app.ndjson"), d.join("app.ndjson.1")).unwrap();
+        std::fs::write(d.join("app.ndjson"), b"other\n").unwrap();
+        let got = collect(&mut src, 0);
+        assert_eq!(
+            got,
+            vec![(0, "first".to_string()), (6, "second".to_string())]
+        );
+        assert!(src.take_gaps().is_empty());
+        // The new file is a partition of its own.
+        assert_eq!(src.discover().unwrap(), 1);
+        assert_eq!(collect(&mut src, 1), vec![(0, "other".to_string())]);
+    }
+
+    /// Deleted before its first read: the partition is gone, with a gap for what it held.
+    #[test]
+    fn a_file_deleted_before_its_first_read_leaves_a_gap() {
+        let d = tmpdir("deleted-early");
+        std::fs::write(d.join("a.ndjson"), b"lost\n").unwrap();
+        std::fs::write(d.join("empty.ndjson"), b"").unwrap();
+        let pattern = format!("{}/*.ndjson", d.display());
+        let mut src = open(&pattern, &[]).unwrap();
+        std::fs::remove_file(d.join("a.ndjson")).unwrap();
+        std::fs::remove_file(d.join("empty.ndjson")).unwrap();
+        assert!(collect(&mut src, 0).is_empty());
+        assert!(collect(&mut src, 1).is_empty());
+        assert!(src.parts.iter().all(|p| p.gone));
+        let gaps = src.take_gaps();
+        assert_eq!(gaps.len(), 1, "only the file with unread bytes: {gaps:?}");
+        assert_eq!((gaps[0].partition, gaps[0].from), (0, 0));
+        assert!(gaps[0].message.contains("a.ndjson"), "{}", gaps[0].message);
     }
 }
