@@ -282,19 +282,13 @@ impl FileSource {
                 (f.path, f.identity, size, false)
             }
             None => {
-                if k.status != "deleted" && k.end_offset.is_none_or(|e| e > k.next_offset) {
-                    let what = match k.end_offset {
-                        Some(e) => format!("bytes {} to {} were never read", k.next_offset, e - 1),
-                        None => format!("what followed byte {} was never read", k.next_offset),
-                    };
-                    self.gaps.push(Gap {
-                        partition: k.partition,
-                        from: k.next_offset,
-                        message: format!(
-                            "file '{}' was deleted (or moved out of reach) before this job read it to the end: {what}",
-                            k.name
-                        ),
-                    });
+                if k.status != "deleted" {
+                    self.gaps.extend(unread_gap(
+                        k.partition,
+                        &k.name,
+                        k.next_offset,
+                        k.end_offset,
+                    ));
                 }
                 (
                     PathBuf::from(&k.name),
@@ -394,20 +388,10 @@ impl FileSource {
                     .parent()
                     .and_then(|dir| renamed_in(dir, &part.identity, policy.as_ref()));
                 let Some(found) = moved else {
-                    let unread = slot.size.is_none_or(|size| size > slot.next);
                     part.gone = true;
-                    if !unread {
-                        return Ok(false);
-                    }
-                    self.gaps.push(Gap {
-                        partition: part.partition,
-                        from: slot.next,
-                        message: format!(
-                            "file '{}' was deleted (or moved out of reach) before this job read it to the end: what followed byte {} was never read",
-                            slot.path.display(),
-                            slot.next
-                        ),
-                    });
+                    let name = slot.path.to_string_lossy();
+                    self.gaps
+                        .extend(unread_gap(part.partition, &name, slot.next, slot.size));
                     return Ok(false);
                 };
                 slot.path = found.path;
@@ -420,6 +404,23 @@ impl FileSource {
         );
         Ok(true)
     }
+}
+
+/// The gap a file leaves when it is gone before this job read it to its end (`end`: its length,
+/// when known); none when nothing was left to read.
+fn unread_gap(partition: i32, name: &str, next: i64, end: Option<i64>) -> Option<Gap> {
+    let what = match end {
+        Some(e) if e <= next => return None,
+        Some(e) => format!("bytes {next} to {} were never read", e - 1),
+        None => format!("what followed byte {next} was never read"),
+    };
+    Some(Gap {
+        partition,
+        from: next,
+        message: format!(
+            "file '{name}' was deleted (or moved out of reach) before this job read it to the end: {what}"
+        ),
+    })
 }
 
 fn found_clone(f: &Found) -> Found {
