@@ -111,14 +111,18 @@ demo: install
 demo-kafka: install tools
 	$(PY) scripts/demo_kafka.py
 
+# The long reliability suite: prints its table, writes bench-out/reliability.json and the table
+# into docs/reliability.md (its section 'latest run').
 reliability: release fault tools configure $(CARGO_FUZZ)
 	$(PY) scripts/reliability.py
 
+# The benchmark: prints JSON lines and tables, writes bench-out/results.json and the tables into
+# docs/benchmarks.md (its section 'latest run').
 bench: release tools configure $(NEXMARK)
 	$(CARGO) build --release -p streaming_etl_core --example engine_bench
 	$(PY) scripts/bench.py
 
-# Rewrites the README's parameter table from the declaration in src/params.rs.
+# Rewrites the parameter table in README.md from the declaration in src/params/table.rs.
 readme:
 	STREAMING_ETL_WRITE_README=1 $(CARGO) test --lib -p $(EXT) every_parameter_has_one_entry
 
@@ -126,6 +130,7 @@ fmt:
 	$(CARGO) fmt --all
 
 lint:
+	python3 scripts/modgraph.py --check
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 

@@ -10,8 +10,13 @@ whole process's peak resident memory.
 Also: many keys and memory in both write modes, Nexmark (scripts/bench_nexmark.py) and the
 latency and CPU of continuous jobs (scripts/bench_latency.py).
 
+A full run (no --quick, no --only) writes its tables into docs/benchmarks.md, section
+'latest run' (scripts/docs_section.py); the discussion above that section is written by hand.
+
 usage: bench.py [--quick] [--only NAME]
 """
+import contextlib
+import io
 import json
 import os
 import platform
@@ -344,7 +349,7 @@ def memory_jobs(sizes, limit="256MB"):
     """Peak RSS of runs (read as the statement ends) over 1M, 10M and 30M events (50 keys, 1 s windows) with DuckDB's
     memory_limit fixed, in both write modes, beside DuckDB's own batch query; `append` also as a
     later run of a job, whose tables exist (the run that creates them keeps what it writes out of
-    DuckDB's checkpoints until it ends: README, "DuckDB's checkpoints during a run")."""
+    DuckDB's checkpoints until it ends: docs/semantics.md, "DuckDB's checkpoints during a run")."""
     env = {"BENCH_MEMORY_LIMIT": limit}
     results = []
     for events in sizes:
@@ -366,7 +371,7 @@ def memory_jobs(sizes, limit="256MB"):
 
 
 def markdown_table(results):
-    """The README's table."""
+    """The throughput table, printed (docs/benchmarks.md shows a selection of its columns)."""
     lines = ["| scenario | events | events/s | comparison | ours / it | late injected / observed | false late | watermark lag ms | peak RSS MB | DB KB | s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -427,6 +432,27 @@ def main():
             "many_keys": many, "memory": memory, "nexmark": nexmark, "latency": latency}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(meta, f, indent=1)
+    report = io.StringIO()
+    with contextlib.redirect_stdout(report):
+        print_tables(results, jobs, times, many, memory, nexmark, latency)
+    print(report.getvalue(), end="")
+    if not quick and not only:
+        # A full run is the one docs/benchmarks.md shows.
+        import docs_section
+        docs_section.write_section("docs/benchmarks.md", "latest run", "make bench",
+                                   f"## Latest run\n\n{meta['date']}, {meta['machine']}.\n{report.getvalue()}")
+    print()
+    print(f"{'scenario':20} {'events':>10} {'ev/s':>10} {'vs batch':>9} {'vs raw':>7} {'false late':>10} {'recovery':>8} {'rss MB':>7}")
+    for r in results:
+        print(f"{r['scenario']:20} {r['events_consumed']:>10} {r['throughput_events_per_sec']:>10} "
+              f"{str(r.get('ratio_ours_to_duckdb_batch', '')):>9} {str(r.get('ratio_ours_to_raw_consume', '')):>7} "
+              f"{r['false_late_events']:>10} {str(r['late_recovery_rate']):>8} {r['peak_rss_mb']:>7}")
+
+
+def print_tables(results, jobs, times, many, memory, nexmark, latency):
+    """The run's Markdown tables."""
+    import bench_latency
+    import bench_nexmark
     print()
     print(markdown_table(results))
     if jobs:
@@ -462,12 +488,6 @@ def main():
     if latency:
         print()
         print(bench_latency.markdown(latency))
-    print()
-    print(f"{'scenario':20} {'events':>10} {'ev/s':>10} {'vs batch':>9} {'vs raw':>7} {'false late':>10} {'recovery':>8} {'rss MB':>7}")
-    for r in results:
-        print(f"{r['scenario']:20} {r['events_consumed']:>10} {r['throughput_events_per_sec']:>10} "
-              f"{str(r.get('ratio_ours_to_duckdb_batch', '')):>9} {str(r.get('ratio_ours_to_raw_consume', '')):>7} "
-              f"{r['false_late_events']:>10} {str(r['late_recovery_rate']):>8} {r['peak_rss_mb']:>7}")
 
 
 if __name__ == "__main__":

@@ -275,7 +275,7 @@ def latency_jobs(seconds: int = 30, idle_seconds: int = 10) -> list[dict]:
 
 
 def markdown(rows) -> str:
-    """The README's table."""
+    """The latency table, printed (docs/benchmarks.md shows a selection of its columns)."""
     lines = ["| source | events | events/s | p50 ms | p99 ms | max ms | cycle ms | CPU streaming | CPU idle |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

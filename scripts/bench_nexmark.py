@@ -365,7 +365,7 @@ def nexmark_jobs(events: int, kafka_events: int, latency_seconds: int, split: st
 
 
 def markdown(rows) -> str:
-    """The README's table."""
+    """The Nexmark table, printed (docs/benchmarks.md shows a selection of its columns)."""
     fmt = lambda v: "" if v is None else f"{v:,}"
     lines = ["| query | events | events/s | events/s per core (cores) | DuckDB batch events/s | ours / batch | "
              "equal to batch | late | Kafka events/s | p99 window latency ms | peak RSS MB |",

@@ -3,7 +3,9 @@
 
 For each scenario: faults injected, messages in, messages lost and doubled (against one straight
 run), whether every message is accounted for exactly once, and the checkpoint's SQLite
-integrity_check. Writes bench-out/reliability.json. `--short` runs the versions `make test` runs.
+integrity_check. Writes bench-out/reliability.json, prints the table, and writes it into docs/reliability.md
+(its section 'latest run'; the scenarios are described around it). `--short` runs the
+versions `make test` runs.
 """
 import json
 import os
@@ -35,12 +37,18 @@ def main():
     os.makedirs(os.path.join(ROOT, "bench-out"), exist_ok=True)
     with open(os.path.join(ROOT, "bench-out", "reliability.json"), "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d"), "scale": scale, "rows": rows}, f, indent=1)
-    print()
-    print(f"| scenario | faults | messages | lost | doubled | exactly once | integrity_check |")
-    print(f"|---|---|---|---|---|---|---|")
+    table = [f"| scenario | faults | messages | lost | doubled | exactly once | integrity_check |",
+             f"|---|---|---|---|---|---|---|"]
     for r in rows:
-        print(f"| {r['scenario']} | {r['faults']} | {r['messages']} | {r['lost']} | {r['doubled']} | "
-              f"{'yes' if r['exact'] else 'NO'} | {r['integrity']} |")
+        table.append(f"| {r['scenario']} | {r['faults']} | {r['messages']} | {r['lost']} | {r['doubled']} | "
+                     f"{'yes' if r['exact'] else 'NO'} | {r['integrity']} |")
+    print()
+    print("\n".join(table))
+    if scale == "long":
+        import docs_section
+        docs_section.write_section("docs/reliability.md", "latest run", "make reliability",
+                                   f"## Latest run\n\n{time.strftime('%Y-%m-%d')}, scale {scale}"
+                                   f"{', with failures' if failed else ''}.\n\n" + "\n".join(table))
     sys.exit(1 if failed else 0)
 
 

@@ -9,12 +9,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use duckdb::core::{DataChunkHandle, LogicalTypeHandle, LogicalTypeId};
 use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
-use streaming_etl_core::error::EtlError;
-use streaming_etl_core::rows::{RowCursor, Rows};
+use streaming_etl_core::{EtlError, RowCursor, Rows};
 
 use crate::contained;
+use crate::out_vector::OutVector;
 use crate::result::{logical_type, write_cell};
-use crate::sys::OutVector;
 
 pub const NAME: &str = "__streaming_etl_batch";
 

@@ -8,15 +8,14 @@ use std::sync::{Mutex, PoisonError};
 
 use duckdb::core::{DataChunkHandle, LogicalTypeHandle};
 use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
-use streaming_etl_core::error::EtlError;
-use streaming_etl_core::rows::{Cell, ColumnType};
+use streaming_etl_core::{Cell, ColumnType, EtlError};
 use streaming_etl_runtime::checkpoint::{inspect, CheckpointRow};
 use streaming_etl_runtime::config::CheckpointLocation;
 
 use crate::params::{checkpoint_job, checkpoint_location, CHECKPOINT_PARAMS};
 use crate::result::{add_columns, write_row, ResultColumn};
 use crate::sandbox::Sandbox;
-use crate::{contained, sys};
+use crate::{contained, entry};
 
 fn opt(v: Option<i64>) -> Cell<'static> {
     v.map_or(Cell::Null, Cell::I64)
@@ -116,18 +115,18 @@ pub struct Inspect {
     job: Option<String>,
 }
 
-pub struct Rows {
+pub struct CheckpointScan {
     rows: Mutex<Option<(Vec<CheckpointRow>, usize)>>,
 }
 
 impl VTab for CheckpointFunction {
-    type InitData = Rows;
+    type InitData = CheckpointScan;
     type BindData = Inspect;
 
     fn bind(bind: &BindInfo) -> Result<Inspect, Box<dyn Error>> {
         Ok(contained(|| {
             streaming_etl_runtime::fault::panic_point("checkpoint-bind");
-            let host = sys::bind_host(bind).ok_or(EtlError::Detached)?;
+            let host = entry::bind_host(bind).ok_or(EtlError::Detached)?;
             host.touch();
             let inspect = Inspect {
                 location: checkpoint_location(bind, host.db_path(), &Sandbox::read(bind))?,
@@ -138,9 +137,9 @@ impl VTab for CheckpointFunction {
         })?)
     }
 
-    fn init(init: &InitInfo) -> Result<Rows, Box<dyn Error>> {
+    fn init(init: &InitInfo) -> Result<CheckpointScan, Box<dyn Error>> {
         init.set_max_threads(1);
-        Ok(Rows {
+        Ok(CheckpointScan {
             rows: Mutex::new(None),
         })
     }
@@ -156,7 +155,7 @@ impl VTab for CheckpointFunction {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             if slot.is_none() {
-                let host = sys::func_host(func).ok_or(EtlError::Detached)?;
+                let host = entry::func_host(func).ok_or(EtlError::Detached)?;
                 let bind = func.get_bind_data();
                 let memory = host.existing_memory_checkpoint();
                 *slot = Some((inspect(&bind.location, memory, bind.job.as_deref())?, 0));

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, PoisonError};
 use std::time::{Duration, Instant};
 
 use duckdb::Connection;
-use streaming_etl_core::error::{EtlError, Result};
+use streaming_etl_core::{EtlError, Result};
 use streaming_etl_runtime::checkpoint::Checkpoint;
 use streaming_etl_runtime::lock::MemoryLocks;
 

@@ -10,23 +10,24 @@
 mod args;
 mod batch_function;
 mod checkpoint_function;
+mod entry;
 mod host;
 mod os;
+mod out_vector;
 mod params;
 mod result;
 mod run_function;
 mod sandbox;
 mod sink;
 mod source;
-mod sys;
 
 use std::fmt;
 
 use duckdb::core::{LogicalTypeHandle, LogicalTypeId};
 use duckdb::Connection;
-use streaming_etl_core::error::EtlError;
+use streaming_etl_core::EtlError;
 
-pub use crate::sys::streaming_etl_init_c_api;
+pub use crate::entry::streaming_etl_init_c_api;
 
 use crate::host::{Host, POOL_SIZE};
 use crate::params::{Param, ParamType};
@@ -107,7 +108,7 @@ pub(crate) fn contained<R>(f: impl FnOnce() -> Result<R, EtlError>) -> Result<R,
         Ok(Err(e)) => Err(SqlError(e.to_string())),
         Err(p) => Err(SqlError(format!(
             "streaming_etl internal error (a bug; please report it): {}",
-            sys::panic_message(p)
+            entry::panic_message(p)
         ))),
     }
 }

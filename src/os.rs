@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
-use streaming_etl_core::error::{EtlError, Result};
+use streaming_etl_core::{EtlError, Result};
 use streaming_etl_runtime::lock::JobLock;
 
 /// Takes an exclusive lock on one byte of `file` (an open-file-description lock: it conflicts

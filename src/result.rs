@@ -4,10 +4,9 @@
 
 use duckdb::core::{DataChunkHandle, LogicalTypeHandle, LogicalTypeId};
 use duckdb::vtab::BindInfo;
-use streaming_etl_core::error::{EtlError, Result};
-use streaming_etl_core::rows::{Cell, ColumnType};
+use streaming_etl_core::{Cell, ColumnType, EtlError, Result};
 
-use crate::sys::OutVector;
+use crate::out_vector::OutVector;
 
 /// One result column of a function whose rows are `R`s.
 pub struct ResultColumn<R> {

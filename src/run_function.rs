@@ -10,11 +10,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use duckdb::core::{DataChunkHandle, LogicalTypeHandle, LogicalTypeId};
 use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
-use streaming_etl_core::error::{EtlError, Result};
-use streaming_etl_core::rows::{Cell, ColumnType};
-use streaming_etl_core::source::file::{FileOptions, FileSource};
-use streaming_etl_core::source::Source;
-use streaming_etl_core::state::PartitionState;
+use streaming_etl_core::{
+    Cell, ColumnType, EtlError, FileOptions, FileSource, PartitionState, Result, Source,
+};
 use streaming_etl_runtime::checkpoint::Checkpoint;
 use streaming_etl_runtime::clock::SystemClock;
 use streaming_etl_runtime::config::CheckpointLocation;
@@ -26,7 +24,7 @@ use crate::params::{parse_run, RunPlan, SourceSpec, Start, RUN_PARAMS};
 use crate::result::{add_columns, write_row, ResultColumn};
 use crate::sink::DuckSink;
 use crate::source::kafka::{KafkaOptions, KafkaSource};
-use crate::{contained, sys};
+use crate::{contained, entry};
 
 fn count(v: u64) -> Cell<'static> {
     Cell::I64(i64::try_from(v).unwrap_or(i64::MAX))
@@ -127,7 +125,7 @@ fn start(plan: &RunPlan, host: &Arc<Host>) -> Result<Run> {
             host.memory_checkpoint()?,
         ),
     };
-    let sink = DuckSink::new(host.checkout()?, plan.write_mode);
+    let sink = DuckSink::new(host.checkout()?, plan.write_mode, &plan.tables);
     Run::start(
         Arc::new(job.clone()),
         RunEnv {
@@ -144,7 +142,7 @@ fn source_opener(plan: &RunPlan) -> SourceOpener {
     let plan = plan.clone();
     Box::new(move |known: &[PartitionState]| {
         let only = plan.partitions.as_deref();
-        let topic = &plan.job.topic;
+        let topic = &plan.job.source;
         Ok(match &plan.source {
             SourceSpec::Files { pattern } => {
                 let opts = FileOptions {
@@ -180,7 +178,7 @@ impl VTab for RunFunction {
     fn bind(bind: &BindInfo) -> std::result::Result<RunBind, Box<dyn Error>> {
         Ok(contained(|| {
             streaming_etl_runtime::fault::panic_point("bind");
-            let host = sys::bind_host(bind).ok_or(EtlError::Detached)?;
+            let host = entry::bind_host(bind).ok_or(EtlError::Detached)?;
             host.touch();
             let plan = parse_run(bind, host.db_path())?;
             add_columns(bind, RUN_COLUMNS);
@@ -208,7 +206,7 @@ impl VTab for RunFunction {
             let init = func.get_init_data();
             let mut state = init.state.lock().unwrap_or_else(PoisonError::into_inner);
             if matches!(*state, State::NotStarted) {
-                let host = sys::func_host(func).ok_or(EtlError::Detached)?;
+                let host = entry::func_host(func).ok_or(EtlError::Detached)?;
                 // A failed start leaves nothing running; the error ends the statement.
                 *state = State::Done;
                 *state = State::Running(Box::new(start(&func.get_bind_data().plan, &host)?));

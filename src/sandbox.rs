@@ -6,8 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use streaming_etl_core::error::{EtlError, Result};
-use streaming_etl_core::source::glob::{fixed_prefix, glob, lexical_absolute, PathPolicy};
+use streaming_etl_core::{fixed_prefix, glob, lexical_absolute, EtlError, PathPolicy, Result};
 
 use crate::args::{Arg, Args};
 

@@ -17,42 +17,45 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use duckdb::Connection;
-use streaming_etl_core::error::{EtlError, Result};
-use streaming_etl_core::rows::{Rows, TableSchema};
-use streaming_etl_core::state::OutputSchemas;
+use streaming_etl_core::{ByTable, EtlError, OutputSchemas, Result, Rows, TableSchema};
 use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
 
 use crate::batch_function::{self, Lent};
 use crate::host::PooledConn;
-use crate::params::{quote_ident, TableName};
+use crate::params::{quote_ident, TableName, WriteMode};
 
 /// The table that records, per job, the last batch applied to tables without a primary key.
 pub const MARKER_TABLE: &str = "streaming_etl_batches";
 
-/// How the output tables are created and written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteMode {
-    /// Tables with primary keys; rows upserted (a replay overwrites itself).
-    Upsert,
-    /// Tables without keys (no index to maintain); rows appended, and each batch recorded in
-    /// the marker table in the same transaction (a replay finds its marker and is skipped).
-    Append,
-}
-
 pub struct DuckSink {
     conn: PooledConn,
     mode: WriteMode,
+    /// The job's tables as parsed at bind time, by their SQL text (what the run names them by).
+    parsed: HashMap<Tables, ByTable<TableName>>,
     /// Per set of tables: which have a primary key, and the marker table when one has not.
-    prepared: HashMap<Tables, ([bool; 3], Option<String>)>,
+    prepared: HashMap<Tables, (ByTable<bool>, Option<String>)>,
 }
 
 impl DuckSink {
-    pub fn new(conn: PooledConn, mode: WriteMode) -> DuckSink {
+    pub fn new(conn: PooledConn, mode: WriteMode, tables: &ByTable<TableName>) -> DuckSink {
         DuckSink {
             conn,
             mode,
+            parsed: HashMap::from([(tables.as_ref().map(TableName::sql), tables.clone())]),
             prepared: HashMap::new(),
         }
+    }
+
+    /// The marker table beside the windows table (same catalog and schema: one transaction
+    /// writes both).
+    fn marker_table(&self, tables: &Tables) -> String {
+        let windows = match self.parsed.get(tables) {
+            Some(parsed) => parsed.windows.clone(),
+            // Tables of a batch an earlier run left in the outbox: their names as it stored
+            // them, which were parsed and quoted when that run started.
+            None => TableName::parse(&tables.windows).unwrap_or(TableName { parts: Vec::new() }),
+        };
+        windows.sibling(MARKER_TABLE).sql()
     }
 }
 
@@ -152,9 +155,9 @@ fn insert(
 }
 
 /// How a batch meets its tables.
-struct Plan<'a> {
-    /// Whether each of the three tables (windows, late, dead) has a primary key.
-    keyed: [bool; 3],
+struct WritePlan<'a> {
+    /// Whether each table has a primary key.
+    keyed: ByTable<bool>,
     /// A keyed table takes the batch by appending (its rows cannot exist yet) rather than by
     /// upserting.
     append_keyed: bool,
@@ -163,20 +166,12 @@ struct Plan<'a> {
 }
 
 /// Writes the batch's three tables, and its marker, in one transaction.
-fn write_batch(conn: &Connection, out: &Output<'_>, plan: &Plan<'_>) -> Result<()> {
+fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Result<()> {
     conn.execute_batch("BEGIN TRANSACTION")
         .map_err(|e| EtlError::Duck(e.to_string()))?;
     let result = (|| {
-        let parts = [
-            (
-                &out.tables.windows,
-                &out.schemas.windows,
-                &out.batch.windows,
-            ),
-            (&out.tables.late, &out.schemas.late, &out.batch.late),
-            (&out.tables.dead, &out.schemas.dead, &out.batch.dead),
-        ];
-        for ((table, schema, rows), keyed) in parts.into_iter().zip(plan.keyed) {
+        let parts = out.tables.as_ref().zip(out.schemas.as_ref());
+        for (((table, schema), rows), keyed) in parts.zip(out.batch.as_ref()).zip(plan.keyed) {
             insert(conn, table, schema, rows, keyed && !plan.append_keyed)?;
         }
         if let Some(marker) = plan.marker {
@@ -217,37 +212,19 @@ fn applied(conn: &Connection, marker: &str, out: &Output<'_>) -> Result<bool> {
     .map_err(|e| sink_error(marker, e))
 }
 
-/// The marker table beside `windows` (same catalog and schema: one transaction writes both).
-fn marker_table(windows: &str) -> String {
-    let mut parts = TableName::parse(windows).map_or_else(Vec::new, |t| t.parts);
-    parts.pop();
-    parts.push(MARKER_TABLE.to_string());
-    parts
-        .iter()
-        .map(|p| quote_ident(p))
-        .collect::<Vec<_>>()
-        .join(".")
-}
-
 impl OutputSink for DuckSink {
     fn prepare(&mut self, tables: &Tables, schemas: &OutputSchemas) -> Result<()> {
         let conn = self.conn.conn()?;
-        let mut keyed = [false; 3];
-        for (i, (table, schema)) in [
-            (&tables.windows, &schemas.windows),
-            (&tables.late, &schemas.late),
-            (&tables.dead, &schemas.dead),
-        ]
-        .into_iter()
-        .enumerate()
+        let mut keyed = ByTable::<bool>::default();
+        for ((table, schema), has_key) in tables.as_ref().zip(schemas.as_ref()).zip(keyed.as_mut())
         {
             let declared = match self.mode {
                 WriteMode::Upsert => schema.clone(),
                 WriteMode::Append => schema.without_key(),
             };
-            keyed[i] = ensure_table(conn, table, &declared)?;
+            *has_key = ensure_table(conn, table, &declared)?;
         }
-        let marker = (keyed != [true; 3]).then(|| marker_table(&tables.windows));
+        let marker = (!keyed.iter().all(|&k| k)).then(|| self.marker_table(tables));
         if let Some(m) = &marker {
             conn.execute_batch(&format!(
                 "CREATE TABLE IF NOT EXISTS {m} (job VARCHAR, job_created_ms BIGINT, seq BIGINT, applied_ms BIGINT)"
@@ -276,7 +253,7 @@ impl OutputSink for DuckSink {
                 }
             }
         }
-        let mut plan = Plan {
+        let mut plan = WritePlan {
             keyed,
             append_keyed: !out.replay,
             marker,

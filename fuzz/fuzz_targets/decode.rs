@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
-use streaming_etl_core::decode::{DecodeError, Decoder, FieldPath, Kind};
+use streaming_etl_core::{DecodeError, Decoder, FieldPath, Kind};
 
 const PATHS: [&str; 5] = ["key", "event_time_ms", "payload.value", "payload", "a.b.c"];
 

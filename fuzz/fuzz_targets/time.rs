@@ -6,8 +6,7 @@
 
 use chrono::DateTime;
 use libfuzzer_sys::fuzz_target;
-use streaming_etl_core::record::{MAX_EVENT_TIME_MS, MIN_EVENT_TIME_MS};
-use streaming_etl_core::time::{epoch_ms, iso8601_ms, TimeFormat, Zone};
+use streaming_etl_core::{MAX_EVENT_TIME_MS, MIN_EVENT_TIME_MS, TimeFormat, Zone, epoch_ms, iso8601_ms};
 
 fuzz_target!(|data: &[u8]| {
     let ours = iso8601_ms(data, None);

@@ -18,8 +18,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use streaming_etl_core::error::{EtlError, Result};
-use streaming_etl_core::source::{Gap, Message, Pull, Source, SourcePartition};
+use streaming_etl_core::{EtlError, Gap, Message, Pull, Result, Source, SourcePartition};
 
 use super::kafka_batch::{self, PartitionBatches, KAFKA_PARTITION_EOF};
 use crate::params::{KafkaParams, Start};
@@ -65,7 +64,7 @@ pub struct KafkaOptions {
 }
 
 /// The open consumer; dropped on a thread of its own (see `Drop for KafkaSource`).
-struct Reader {
+struct OpenConsumer {
     topic: String,
     source_name: String,
     brokers: String,
@@ -94,7 +93,7 @@ fn kafka_error(e: &KafkaError) -> String {
 const BATCH: usize = 4096;
 
 pub struct KafkaSource {
-    reader: Option<Reader>,
+    reader: Option<OpenConsumer>,
     gaps: Vec<Gap>,
 }
 
@@ -174,7 +173,7 @@ impl KafkaSource {
                 )))?),
             _ => None,
         };
-        let mut reader = Reader {
+        let mut reader = OpenConsumer {
             topic: topic.to_string(),
             source_name: source_name.to_string(),
             brokers: params.brokers.clone(),
@@ -231,7 +230,7 @@ impl KafkaSource {
         })
     }
 
-    fn reader(&mut self) -> Result<&mut Reader> {
+    fn reader(&mut self) -> Result<&mut OpenConsumer> {
         self.reader
             .as_mut()
             .ok_or_else(|| EtlError::Internal("Kafka consumer already closed".into()))
@@ -307,7 +306,7 @@ fn offsets_for_time(
     Ok(out)
 }
 
-impl Reader {
+impl OpenConsumer {
     /// Takes partition `p` (reading from `start`) into the reader and the assignment.
     fn add(
         &mut self,
@@ -586,7 +585,7 @@ impl Drop for KafkaSource {
     }
 }
 
-impl Reader {
+impl OpenConsumer {
     /// Waits (bounded: the broker may be gone) until the group shows the last commit, so lag
     /// tools see the final offsets once the run is over.
     fn wait_for_last_commit(&mut self) {

@@ -115,8 +115,8 @@ def test_duckdb_checkpoints_while_a_follow_run_writes(tmp_path, mode, first_run)
     """A long-running job must not keep DuckDB from checkpointing: what it writes reaches the
     database file during the run (its WAL and memory stay bounded) and a user's CHECKPOINT or
     backup works meanwhile. Holds once the job's tables exist, or, for the run that creates them,
-    when it is called by its qualified name, as the README advises for a long follow job on a new
-    database (the calling statement then starts no transaction in the database, which would keep
+    when it is called by its qualified name, as docs/semantics.md advises for a long follow job on a
+    new database (the calling statement then starts no transaction in the database, which would keep
     DuckDB from checkpointing the tables' creation until the run ends)."""
     d, a, db, con = one_file_of_ten_events(tmp_path)
     fn = "system.main.streaming_etl_run" if first_run else "streaming_etl_run"

@@ -5,15 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use streaming_etl_core::decode::FieldPath;
-use streaming_etl_core::pipeline::{
-    read_cycle, CycleLimits, Engine, EngineConfig, PartitionProgress, ReadState, Restored, Stop,
-    TimeSpec,
+use streaming_etl_core::{
+    read_cycle, Batch, CycleLimits, Engine, EngineConfig, FieldPath, FileOptions, FileSource,
+    PartitionClock, PartitionProgress, ReadState, Restored, Source, Stop, TimeSpec, NO_WATERMARK,
 };
-use streaming_etl_core::source::file::{FileOptions, FileSource};
-use streaming_etl_core::source::Source;
-use streaming_etl_core::state::Batch;
-use streaming_etl_core::watermark::{PartitionClock, NO_WATERMARK};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -43,7 +38,7 @@ fn main() {
         &field("payload.value"),
     );
     if let Some(h) = hop_ms.filter(|&h| h < window_ms) {
-        cfg.window = streaming_etl_core::engine::WindowKind::Hopping { hop_ms: h };
+        cfg.window = streaming_etl_core::WindowKind::Hopping { hop_ms: h };
     }
     let partitions = source
         .partitions()
@@ -76,7 +71,7 @@ fn main() {
     } else {
         ReadState::new(source.partitions().len())
     };
-    let mut batch = Batch::new(&cfg.schemas());
+    let mut batch = Batch::empty(&cfg.schemas());
     let (mut windows, mut late, mut dead) = (0usize, 0usize, 0usize);
     let start = Instant::now();
     loop {

@@ -3,14 +3,14 @@
 //! states of disjoint parts of a window combine (panes of hopping windows, sessions that meet),
 //! and the checkpoint form of the states.
 
+use crate::codec::{CodecError, Reader, Writer};
 use crate::decode::FieldPath;
 use crate::hll::Hll;
 use crate::rows::{Cell, ColumnType};
-use crate::state::{CodecError, Reader, Writer};
 
 /// An aggregate function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AggFunc {
+pub(crate) enum AggFunc {
     CountStar,
     Count,
     Sum,
@@ -50,7 +50,7 @@ impl AggFunc {
         }
     }
 
-    pub fn output_type(self) -> ColumnType {
+    pub(crate) fn output_type(self) -> ColumnType {
         match self {
             AggFunc::CountStar | AggFunc::Count | AggFunc::ApproxCountDistinct => {
                 ColumnType::BigInt
@@ -61,7 +61,7 @@ impl AggFunc {
     }
 
     /// Whether the input must be a number (a value of another type makes a dead letter).
-    pub fn numeric(self) -> bool {
+    pub(crate) fn numeric(self) -> bool {
         matches!(
             self,
             AggFunc::Sum | AggFunc::Avg | AggFunc::Min | AggFunc::Max
@@ -72,13 +72,13 @@ impl AggFunc {
 /// One aggregate of a job: a function, its input field (none for `count(*)`) and its column.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AggSpec {
-    pub func: AggFunc,
+    pub(crate) func: AggFunc,
     pub path: Option<FieldPath>,
     pub name: String,
 }
 
 /// Whether `s` is a plain SQL identifier (letters, digits, `_`; not starting with a digit).
-pub fn is_identifier(s: &str) -> bool {
+pub(crate) fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
     chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
         && chars.all(|c| c.is_alphanumeric() || c == '_')
@@ -179,7 +179,7 @@ impl AggSpec {
 
 /// An event's input to one aggregate, already checked.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Input<'a> {
+pub(crate) enum Input<'a> {
     /// The field is missing or null: the aggregate skips it (`count(*)` counts every event).
     Skip,
     Num(f64),
@@ -193,7 +193,7 @@ pub enum Input<'a> {
 /// A compensated (Neumaier) sum, so that sums do not depend, in practice, on the order events
 /// arrived in: a run that was stopped and resumed gets the same sums as a straight one.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct SumState {
+pub(crate) struct SumState {
     pub n: i64,
     pub sum: f64,
     pub comp: f64,
@@ -239,14 +239,14 @@ impl SumState {
 
 /// A text value with the event time it came with (first/last).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Stamped {
+pub(crate) struct Stamped {
     pub t: i64,
     pub text: String,
 }
 
 /// The partial state of one aggregate in one window (or pane, or session).
 #[derive(Debug, Clone, PartialEq)]
-pub enum AggState {
+pub(crate) enum AggState {
     Count(i64),
     Sum(SumState),
     Avg(SumState),
@@ -294,7 +294,7 @@ impl AggState {
 
     /// Combines the state of a later part of the same window (panes and sessions are disjoint
     /// in event time, so `other` holds no event before any of `self`'s).
-    pub fn merge(&mut self, other: &AggState) {
+    pub(crate) fn merge(&mut self, other: &AggState) {
         match (self, other) {
             (AggState::Count(a), AggState::Count(b)) => *a += b,
             (AggState::Sum(a), AggState::Sum(b)) | (AggState::Avg(a), AggState::Avg(b)) => {
@@ -318,7 +318,7 @@ impl AggState {
     }
 
     /// The aggregate's value for the output row (NULL where SQL's aggregate would be).
-    pub fn cell(&self) -> Cell<'_> {
+    pub(crate) fn cell(&self) -> Cell<'_> {
         match self {
             AggState::Count(n) => Cell::I64(*n),
             AggState::Sum(s) => s.value().map_or(Cell::Null, Cell::F64),
@@ -427,7 +427,7 @@ impl AggState {
     }
 
     /// Whether this state belongs to `func` (a restored checkpoint must match the job).
-    pub fn is_for(&self, func: AggFunc) -> bool {
+    pub(crate) fn is_for(&self, func: AggFunc) -> bool {
         matches!(
             (self, func),
             (AggState::Count(_), AggFunc::CountStar | AggFunc::Count)
@@ -460,18 +460,18 @@ fn set_stamped(slot: &mut Option<Box<Stamped>>, t: i64, s: &str) {
 }
 
 /// The states of one window (one per aggregate of the job, in order).
-pub type States = Box<[AggState]>;
+pub(crate) type States = Box<[AggState]>;
 
-pub fn new_states(aggs: &[AggSpec]) -> States {
+pub(crate) fn new_states(aggs: &[AggSpec]) -> States {
     fresh_states(aggs).collect()
 }
 
 /// The empty state of each aggregate, in order.
-pub fn fresh_states(aggs: &[AggSpec]) -> impl Iterator<Item = AggState> + '_ {
+pub(crate) fn fresh_states(aggs: &[AggSpec]) -> impl Iterator<Item = AggState> + '_ {
     aggs.iter().map(|a| AggState::new(a.func))
 }
 
-pub fn merge_states(into: &mut [AggState], from: &[AggState]) {
+pub(crate) fn merge_states(into: &mut [AggState], from: &[AggState]) {
     for (a, b) in into.iter_mut().zip(from) {
         a.merge(b);
     }

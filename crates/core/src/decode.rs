@@ -7,10 +7,10 @@
 //! whose invariants are best read together; its tests are at the end.
 
 /// Deeper nesting than this is refused rather than recursed into.
-pub const MAX_DEPTH: usize = 128;
+pub(crate) const MAX_DEPTH: usize = 128;
 
 /// At most this many distinct paths are read from a message (a bit each in a mask).
-pub const MAX_PATHS: usize = 64;
+pub(crate) const MAX_PATHS: usize = 64;
 
 /// A dotted path to a field, e.g. `payload.value`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -681,7 +681,7 @@ fn special_bytes(w: u64) -> u64 {
 
 /// Parses a JSON integer literal; `None` when it does not fit in an i64.
 #[inline]
-pub fn parse_i64(text: &[u8]) -> Option<i64> {
+pub(crate) fn parse_i64(text: &[u8]) -> Option<i64> {
     let (neg, digits) = match text.split_first() {
         Some((b'-', rest)) => (true, rest),
         _ => (false, text),
@@ -715,7 +715,7 @@ const POW10: [f64; 23] = [
 /// Parses a validated JSON number. Short decimals (at most 15 digits, no exponent) take the
 /// exact fast path: an integer below 2^53 divided by an exact power of ten is correctly rounded.
 #[inline]
-pub fn parse_f64(text: &[u8]) -> Option<f64> {
+pub(crate) fn parse_f64(text: &[u8]) -> Option<f64> {
     let (neg, body) = match text.split_first() {
         Some((b'-', rest)) => (true, rest),
         _ => (false, text),

@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::state::{CodecError, Reader, Writer};
+use crate::codec::{CodecError, Reader, Writer};
 
 /// Register index bits.
 pub const P: u32 = 14;
@@ -17,13 +17,14 @@ const M: usize = 1 << P;
 /// Bits left for the register value.
 const Q: u32 = 64 - P;
 /// Distinct values counted exactly before the sketch switches to registers.
-pub const EXACT_LIMIT: usize = 1024;
+pub(crate) const EXACT_LIMIT: usize = 1024;
 /// Largest memory a sketch takes, in bytes (the register array).
-pub const MAX_BYTES: usize = M;
+#[cfg(test)]
+pub(crate) const MAX_BYTES: usize = M;
 
 /// The values are already hashes: no need to hash them again.
 #[derive(Default, Clone, Copy)]
-pub struct PassThrough(u64);
+pub(crate) struct PassThrough(u64);
 
 impl Hasher for PassThrough {
     fn write(&mut self, bytes: &[u8]) {
@@ -42,7 +43,7 @@ impl Hasher for PassThrough {
 type HashSet64 = HashSet<u64, BuildHasherDefault<PassThrough>>;
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Hll {
+pub(crate) enum Hll {
     Exact(HashSet64),
     Dense(Box<[u8]>),
 }
@@ -54,7 +55,7 @@ impl Default for Hll {
 }
 
 /// MurmurHash64A (Austin Appleby, public domain) with a fixed seed.
-pub fn hash64(data: &[u8]) -> u64 {
+pub(crate) fn hash64(data: &[u8]) -> u64 {
     const MUL: u64 = 0xc6a4_a793_5bd1_e995;
     const R: u32 = 47;
     let mut h: u64 = 0x8445_d61a_4e77_4912 ^ (data.len() as u64).wrapping_mul(MUL);
@@ -91,7 +92,7 @@ fn register_of(hash: u64) -> (usize, u8) {
 impl Hll {
     /// Adds a value given as its hash ([`hash64`]).
     #[inline]
-    pub fn add_hash(&mut self, hash: u64) {
+    pub(crate) fn add_hash(&mut self, hash: u64) {
         match self {
             Hll::Exact(set) => {
                 set.insert(hash);
@@ -121,7 +122,7 @@ impl Hll {
         }
     }
 
-    pub fn merge(&mut self, other: &Hll) {
+    pub(crate) fn merge(&mut self, other: &Hll) {
         match other {
             Hll::Exact(set) => {
                 for &h in set {
@@ -142,7 +143,7 @@ impl Hll {
     }
 
     /// The estimated number of distinct values (exact below [`EXACT_LIMIT`]).
-    pub fn estimate(&self) -> i64 {
+    pub(crate) fn estimate(&self) -> i64 {
         let regs = match self {
             Hll::Exact(set) => return set.len() as i64,
             Hll::Dense(r) => r,
@@ -162,8 +163,9 @@ impl Hll {
         (alpha_inf * m * m / z).round() as i64
     }
 
-    /// Memory held, in bytes (for the documentation's size figures and tests).
-    pub fn bytes(&self) -> usize {
+    /// Memory held, in bytes (for the size figures the tests check).
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
         match self {
             Hll::Exact(set) => set.capacity() * 9,
             Hll::Dense(r) => r.len(),

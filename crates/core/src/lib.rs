@@ -2,20 +2,50 @@
 //! watermarks, windows, the checkpointed state model and its encodings, output rows, and the
 //! sources that need nothing but the standard library (files, memory). It knows nothing of
 //! DuckDB, Kafka or SQLite; those are adapters in the other crates of the workspace.
+//!
+//! The modules stack without a loop, each using only those above it:
+//! `codec`, `error`, `tables`, `time`, `decode`, `rows`, `hll` → `state`, `aggregate` →
+//! `config` → `record`, `chunk`, `window`, `session`, `watermark`, `source` → `engine` →
+//! `prefetch` → `pipeline`. They are private; what the other crates use is re-exported here.
 #![forbid(unsafe_code)]
 
-pub mod aggregate;
-pub mod decode;
-pub mod engine;
-pub mod error;
-pub mod hll;
-pub mod pipeline;
-pub mod prefetch;
-pub mod record;
-pub mod rows;
-pub mod session;
-pub mod source;
-pub mod state;
-pub mod time;
-pub mod watermark;
-pub mod window;
+mod aggregate;
+mod chunk;
+mod codec;
+mod config;
+mod decode;
+mod engine;
+mod error;
+mod hll;
+mod pipeline;
+mod prefetch;
+mod record;
+mod rows;
+mod session;
+mod source;
+mod state;
+mod tables;
+mod time;
+mod watermark;
+mod window;
+
+pub use aggregate::{split_alias, AggSpec};
+pub use codec::CodecError;
+pub use config::{
+    EngineConfig, JobSettings, KeyColumn, TimeSpec, WindowKind, DEFAULT_KEY_FIELD, MAX_AGGREGATES,
+};
+pub use decode::{DecodeError, Decoder, Field, FieldPath, Fields, Kind};
+pub use engine::{Counters, Engine, PartitionProgress, Restored};
+pub use error::{EtlError, Result};
+pub use pipeline::{read_cycle, reported_watermark, CycleLimits, ReadState, Stop};
+pub use rows::{Cell, ColumnType, OwnedCell, RowCursor, Rows, TableSchema};
+pub use source::file::{FileOptions, FileSource};
+pub use source::glob::{fixed_prefix, glob, lexical_absolute, PathPolicy};
+pub use source::memory::MemorySource;
+pub use source::{Gap, Message, Pull, Source, SourcePartition};
+pub use state::{Batch, OutputSchemas, PartitionState};
+pub use tables::ByTable;
+pub use time::{
+    epoch_ms, iso8601_ms, TimeError, TimeFormat, Zone, MAX_EVENT_TIME_MS, MIN_EVENT_TIME_MS,
+};
+pub use watermark::{PartitionClock, NO_WATERMARK};

@@ -10,9 +10,8 @@
 
 use std::time::{Duration, Instant};
 
-pub use crate::engine::{
-    Counters, Engine, EngineConfig, PartitionProgress, Restored, TimeSpec, WindowKind,
-};
+use crate::config::EngineConfig;
+use crate::engine::{Engine, PartitionProgress};
 use crate::error::Result;
 use crate::prefetch::DecodeAhead;
 use crate::source::{Message, Pull, Source};
@@ -93,7 +92,7 @@ pub struct ReadState {
 }
 
 /// Mean message size from which parsing ahead on one spare core pays: measured on two cores
-/// (README, benchmarks), it was no faster on 70-byte events (the merge and DuckDB's writes keep
+/// (docs/benchmarks.md), it was no faster on 70-byte events (the merge and DuckDB's writes keep
 /// the second core busy) and up to 1.9x faster on 290-byte Nexmark bids (parsing is most of
 /// the work).
 const WIDE_MESSAGE_BYTES: u64 = 160;
@@ -127,7 +126,8 @@ impl ReadState {
     }
 
     /// Whether parsing ahead runs (it may have started part-way).
-    pub fn decoding_ahead(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn decoding_ahead(&self) -> bool {
         self.ahead.is_some()
     }
 
@@ -408,6 +408,7 @@ pub fn reported_watermark(ms: i64) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::Restored;
     use crate::rows::OwnedCell;
     use crate::source::memory::MemorySource;
     use crate::state::Batch;
@@ -508,7 +509,7 @@ mod tests {
             if stop == Stop::CaughtUp && flush {
                 eng.flush();
             }
-            let mut b = Batch::new(&config(1000, 200).schemas());
+            let mut b = Batch::empty(&config(1000, 200).schemas());
             eng.take_output(&mut b);
             windows.extend(b.windows.to_vec().iter().map(|w| {
                 let sum = match w[4] {

@@ -10,10 +10,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use crate::aggregate::Input;
+use crate::chunk::{Chunk, OwnedInput};
+use crate::config::{EngineConfig, MAX_AGGREGATES};
 use crate::decode::Decoder;
-use crate::engine::{Engine, EngineConfig, MAX_AGGREGATES};
+use crate::engine::Engine;
 use crate::error::{EtlError, Result};
-use crate::record::{Plan, Reject};
+use crate::record::{FieldPlan, Reject};
 use crate::source::{Message, Pull, Source};
 
 /// Messages per chunk (and bytes: whichever comes first).
@@ -22,155 +24,17 @@ const CHUNK_BYTES: usize = 256 << 10;
 /// Chunks a partition may have read ahead (being parsed or parsed and waiting).
 const DEPTH: usize = 3;
 
-/// An aggregate input as parsed, owned by its chunk (text as a range of the chunk's arena).
-#[derive(Debug, Clone, Copy)]
-enum OwnedInput {
-    Skip,
-    Num(f64),
-    Text(usize, usize),
-    Hash(u64),
-    Present,
-}
-
-/// Messages of one partition, as read and then as parsed. Reused from run to run of the pool.
-#[derive(Default)]
-pub struct Chunk {
-    idx: usize,
-    seq: u64,
-    offsets: Vec<i64>,
-    next_offsets: Vec<i64>,
-    timestamps: Vec<Option<i64>>,
-    payload: Vec<u8>,
-    payload_ends: Vec<usize>,
-    /// Kafka message keys (None: the message had none).
-    msg_keys: Vec<u8>,
-    msg_key_ends: Vec<Option<usize>>,
-    /// The event time, or why the message is a dead letter before its time is known.
-    time: Vec<std::result::Result<i64, Reject>>,
-    /// Why the key or an input rejects the message (checked after the time, as one at a time).
-    rest: Vec<std::result::Result<(), Reject>>,
-    keys: Vec<u8>,
-    key_ends: Vec<usize>,
-    inputs: Vec<OwnedInput>,
-    texts: Vec<u8>,
-    n_inputs: usize,
-    /// The next message the merge applies.
-    pos: usize,
-    /// The worker that parsed it panicked.
-    failed: bool,
-}
-
-impl Chunk {
-    fn clear(&mut self) {
-        self.offsets.clear();
-        self.next_offsets.clear();
-        self.timestamps.clear();
-        self.payload.clear();
-        self.payload_ends.clear();
-        self.msg_keys.clear();
-        self.msg_key_ends.clear();
-        self.time.clear();
-        self.rest.clear();
-        self.keys.clear();
-        self.key_ends.clear();
-        self.inputs.clear();
-        self.texts.clear();
-        self.pos = 0;
-        self.failed = false;
-    }
-
-    fn len(&self) -> usize {
-        self.offsets.len()
-    }
-
-    fn push(&mut self, m: &Message<'_>) {
-        self.offsets.push(m.offset);
-        self.next_offsets.push(m.next_offset);
-        self.timestamps.push(m.timestamp);
-        self.payload.extend_from_slice(m.payload);
-        self.payload_ends.push(self.payload.len());
-        self.msg_key_ends.push(m.key.map(|k| {
-            self.msg_keys.extend_from_slice(k);
-            self.msg_keys.len()
-        }));
-    }
-
-    fn span(ends: &[usize], i: usize) -> (usize, usize) {
-        (if i == 0 { 0 } else { ends[i - 1] }, ends[i])
-    }
-
-    fn payload(&self, i: usize) -> &[u8] {
-        let (a, b) = Chunk::span(&self.payload_ends, i);
-        &self.payload[a..b]
-    }
-
-    fn msg_key(&self, i: usize) -> Option<&[u8]> {
-        let end = self.msg_key_ends[i]?;
-        let start = self.msg_key_ends[..i]
-            .iter()
-            .rev()
-            .find_map(|e| *e)
-            .unwrap_or(0);
-        Some(&self.msg_keys[start..end])
-    }
-
-    /// The message at `i` as the source delivered it.
-    pub fn message(&self, i: usize) -> Message<'_> {
-        Message {
-            offset: self.offsets[i],
-            next_offset: self.next_offsets[i],
-            payload: self.payload(i),
-            key: self.msg_key(i),
-            timestamp: self.timestamps[i],
-        }
-    }
-
-    /// What message `i` parsed to: its time (or the reason it has none), and the reason its key
-    /// or inputs reject it, if any.
-    pub fn parsed(
-        &self,
-        i: usize,
-    ) -> (
-        std::result::Result<i64, Reject>,
-        std::result::Result<(), Reject>,
-    ) {
-        (self.time[i], self.rest[i])
-    }
-
-    pub fn key(&self, i: usize) -> &[u8] {
-        let (a, b) = Chunk::span(&self.key_ends, i);
-        &self.keys[a..b]
-    }
-
-    /// Message `i`'s aggregate inputs into `out`.
-    pub fn inputs<'a>(&'a self, i: usize, out: &mut [Input<'a>]) {
-        let n = self.n_inputs;
-        for (k, o) in self.inputs[i * n..(i + 1) * n].iter().enumerate() {
-            out[k] = match *o {
-                OwnedInput::Skip => Input::Skip,
-                OwnedInput::Num(v) => Input::Num(v),
-                // The decoder checked the message is UTF-8.
-                OwnedInput::Text(a, b) => {
-                    Input::Text(std::str::from_utf8(&self.texts[a..b]).unwrap_or_default())
-                }
-                OwnedInput::Hash(h) => Input::Hash(h),
-                OwnedInput::Present => Input::Present,
-            };
-        }
-    }
-}
-
 /// Parses chunks: a decoder and the job's field plan of its own (one per worker).
-pub struct ChunkParser {
+pub(crate) struct ChunkParser {
     decoder: Decoder,
-    plan: Plan,
+    plan: FieldPlan,
     n: usize,
     key: Vec<u8>,
 }
 
 impl ChunkParser {
     pub fn new(cfg: &EngineConfig) -> ChunkParser {
-        let plan = Plan::new(cfg);
+        let plan = FieldPlan::new(cfg);
         ChunkParser {
             decoder: Decoder::new(plan.paths().to_vec()),
             plan,
@@ -319,7 +183,7 @@ impl Lane {
 }
 
 /// Decoding ahead for one run: the pool, each partition's lane, spare chunks.
-pub struct DecodeAhead {
+pub(crate) struct DecodeAhead {
     pool: Pool,
     lanes: Vec<Lane>,
     spare: Vec<Chunk>,
@@ -343,7 +207,7 @@ impl DecodeAhead {
     }
 
     /// The partition may have more: look again (continuous runs, after a wait).
-    pub fn look_again(&mut self) {
+    pub(crate) fn look_again(&mut self) {
         for l in &mut self.lanes {
             l.source_done = false;
         }
@@ -416,7 +280,7 @@ impl DecodeAhead {
 
     /// Applies the partition's messages to the engine, in order, until `after` returns false
     /// (it is called after each one) or nothing more is there for now.
-    pub fn deliver(
+    pub(crate) fn deliver(
         &mut self,
         idx: usize,
         source: &mut dyn Source,

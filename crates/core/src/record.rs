@@ -5,26 +5,16 @@
 //! roles it has. (The second part of the file is its tests.)
 
 use crate::aggregate::{AggFunc, Input};
+use crate::config::EngineConfig;
 use crate::decode::{parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind};
-use crate::engine::EngineConfig;
 use crate::hll::hash64;
-use crate::time::{epoch_ms, iso8601_ms, TimeError, TimeFormat, Zone};
-
-/// Event times outside years 1..=9999 are rejected: they are almost always unit mistakes
-/// (seconds or microseconds), and inside this range window arithmetic cannot overflow.
-pub const MIN_EVENT_TIME_MS: i64 = -62_135_596_800_000;
-pub const MAX_EVENT_TIME_MS: i64 = 253_402_300_799_999;
-
-/// One column of a job's key: the field it is read from and its name in the windows table.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyColumn {
-    pub path: FieldPath,
-    pub name: String,
-}
+use crate::time::{
+    epoch_ms, iso8601_ms, TimeError, TimeFormat, Zone, MAX_EVENT_TIME_MS, MIN_EVENT_TIME_MS,
+};
 
 /// What a field is to the job (for dead-letter reasons).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     Key,
     Time,
     Value,
@@ -42,7 +32,7 @@ impl Role {
 
 /// Why a message is a dead letter. Cheap to build; the text is only made for dead letters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reject {
+pub(crate) enum Reject {
     Syntax(DecodeError),
     Missing(Role, usize),
     Null(Role, usize),
@@ -63,7 +53,7 @@ pub enum Reject {
 
 /// The fields a job reads and what each is for.
 #[derive(Debug, Clone)]
-pub struct Plan {
+pub(crate) struct FieldPlan {
     paths: Vec<FieldPath>,
     /// The time field's path (None: the Kafka record's timestamp is the time).
     time: Option<usize>,
@@ -91,8 +81,8 @@ fn input_class(f: AggFunc) -> u8 {
     }
 }
 
-impl Plan {
-    pub fn new(cfg: &EngineConfig) -> Plan {
+impl FieldPlan {
+    pub fn new(cfg: &EngineConfig) -> FieldPlan {
         let mut paths: Vec<FieldPath> = Vec::new();
         let mut index = |p: &FieldPath| match paths.iter().position(|q| q == p) {
             Some(i) => i,
@@ -113,7 +103,7 @@ impl Plan {
             });
             inputs.push((a.func, path, same));
         }
-        Plan {
+        FieldPlan {
             paths,
             time,
             format: cfg.time_format,
@@ -272,7 +262,7 @@ impl Plan {
     /// Each aggregate's input, checked, into `out` (a value of the wrong type rejects the
     /// message before any window sees it).
     #[inline]
-    pub fn inputs<'a>(&self, f: &Fields<'a>, out: &mut [Input<'a>]) -> Result<(), Reject> {
+    pub(crate) fn inputs<'a>(&self, f: &Fields<'a>, out: &mut [Input<'a>]) -> Result<(), Reject> {
         for k in 0..self.inputs.len().min(out.len()) {
             let (func, path, same) = self.inputs[k];
             let Some(i) = path else {
@@ -379,7 +369,7 @@ fn input<'a>(
 }
 
 /// The key columns' values of an encoded key (`n` columns).
-pub fn key_parts(key: &[u8], n: usize) -> impl Iterator<Item = &str> {
+pub(crate) fn key_parts(key: &[u8], n: usize) -> impl Iterator<Item = &str> {
     let mut rest = key;
     let mut left = n;
     std::iter::from_fn(move || {
@@ -404,7 +394,7 @@ pub fn key_parts(key: &[u8], n: usize) -> impl Iterator<Item = &str> {
 
 /// The `key` column of a late event: the key itself for one key column, a JSON array of the
 /// values for several, NULL for none.
-pub fn late_key(key: &[u8], n: usize, out: &mut String) -> bool {
+pub(crate) fn late_key(key: &[u8], n: usize, out: &mut String) -> bool {
     out.clear();
     match n {
         0 => false,
@@ -442,14 +432,15 @@ fn json_string(s: &str, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::KeyColumn;
     use crate::decode::Decoder;
 
     fn config() -> EngineConfig {
         EngineConfig::for_tests(1000, 0)
     }
 
-    fn plan() -> Plan {
-        Plan::new(&config())
+    fn plan() -> FieldPlan {
+        FieldPlan::new(&config())
     }
 
     /// (key, time, value) or the dead-letter reason.
@@ -617,7 +608,7 @@ mod tests {
             .collect();
         cfg.default_key = false;
         cfg.aggregates = vec![];
-        let plan = Plan::new(&cfg);
+        let plan = FieldPlan::new(&cfg);
         let mut d = Decoder::new(plan.paths().to_vec());
         let f = d
             .decode(br#"{"ts":1,"region":"eu","item":{"sku":"A\"1"},"vip":true}"#)
@@ -640,7 +631,7 @@ mod tests {
     }
 
     fn time_with(cfg: &EngineConfig, line: &str) -> Result<i64, String> {
-        let plan = Plan::new(cfg);
+        let plan = FieldPlan::new(cfg);
         let mut d = Decoder::new(plan.paths().to_vec());
         let f = d.decode(line.as_bytes()).unwrap();
         plan.time(&f, Some(7)).map_err(|e| plan.describe(e))
@@ -692,7 +683,7 @@ mod tests {
     fn numeric_strings_only_when_asked() {
         let mut cfg = config();
         let value = |cfg: &EngineConfig, line: &str| -> Result<Option<f64>, String> {
-            let plan = Plan::new(cfg);
+            let plan = FieldPlan::new(cfg);
             let mut d = Decoder::new(plan.paths().to_vec());
             let f = d.decode(line.as_bytes()).unwrap();
             let mut inputs = [Input::Skip; 4];

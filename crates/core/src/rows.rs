@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use crate::codec::{CodecError, Reader};
+
 /// The SQL types of output columns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ColumnType {
@@ -232,7 +234,7 @@ impl Rows {
 
     /// Starts a row; the writer must be given every column, in order, then finished.
     #[inline]
-    pub fn row(&mut self) -> RowWriter<'_> {
+    pub(crate) fn row(&mut self) -> RowWriter<'_> {
         let start = self.buf.len();
         RowWriter {
             rows: self,
@@ -264,7 +266,7 @@ impl Rows {
     pub fn each<E>(
         &self,
         mut f: impl FnMut(&[Cell<'_>]) -> Result<(), E>,
-    ) -> Result<Result<(), E>, RowsError> {
+    ) -> Result<Result<(), E>, CodecError> {
         let mut at = RowCursor::default();
         Ok(self
             .each_from(&mut at, self.len, |_, cells| f(cells))?
@@ -279,7 +281,7 @@ impl Rows {
         at: &mut RowCursor,
         max: usize,
         mut f: impl FnMut(usize, &[Cell<'_>]) -> Result<(), E>,
-    ) -> Result<Result<usize, E>, RowsError> {
+    ) -> Result<Result<usize, E>, CodecError> {
         let mut r = Reader {
             b: &self.buf,
             i: at.byte,
@@ -289,7 +291,7 @@ impl Rows {
         for i in 0..n {
             cells.clear();
             for &ty in &self.types {
-                cells.push(r.cell(ty)?);
+                cells.push(read_cell(&mut r, ty)?);
             }
             if let Err(e) = f(i, &cells) {
                 return Ok(Err(e));
@@ -297,7 +299,7 @@ impl Rows {
         }
         (at.byte, at.row) = (r.i, at.row + n);
         if at.row == self.len && r.i != self.buf.len() {
-            return Err(RowsError("trailing bytes"));
+            return Err(CodecError("trailing bytes"));
         }
         Ok(Ok(n))
     }
@@ -323,16 +325,16 @@ impl Rows {
 
     /// Decodes what [`Rows::encode`] wrote at `data[*at..]`, checking every row against the
     /// types (so that a damaged checkpoint is an error, never a wrong value).
-    pub fn decode(data: &[u8], at: &mut usize) -> Result<Rows, RowsError> {
+    pub fn decode(data: &[u8], at: &mut usize) -> Result<Rows, CodecError> {
         let mut r = Reader { b: data, i: *at };
         let ncols = r.u32()? as usize;
         let types = r
             .take(ncols)?
             .iter()
-            .map(|&c| ColumnType::from_code(c).ok_or(RowsError("unknown column type")))
+            .map(|&c| ColumnType::from_code(c).ok_or(CodecError("unknown column type")))
             .collect::<Result<Vec<_>, _>>()?;
-        let len = usize::try_from(r.u64()?).map_err(|_| RowsError("bad row count"))?;
-        let bytes = usize::try_from(r.u64()?).map_err(|_| RowsError("bad length"))?;
+        let len = usize::try_from(r.u64()?).map_err(|_| CodecError("bad row count"))?;
+        let bytes = usize::try_from(r.u64()?).map_err(|_| CodecError("bad length"))?;
         let buf = r.take(bytes)?.to_vec();
         *at = r.i;
         let rows = Rows {
@@ -342,13 +344,13 @@ impl Rows {
             error: None,
         };
         rows.each(|_| Ok::<(), ()>(()))?
-            .map_err(|()| RowsError("unreadable row"))?;
+            .map_err(|()| CodecError("unreadable row"))?;
         Ok(rows)
     }
 }
 
 /// Writes one row into [`Rows`], column by column.
-pub struct RowWriter<'a> {
+pub(crate) struct RowWriter<'a> {
     rows: &'a mut Rows,
     col: usize,
     start: usize,
@@ -378,7 +380,7 @@ impl RowWriter<'_> {
     }
 
     #[inline]
-    pub fn cell(&mut self, cell: Cell<'_>) -> &mut Self {
+    pub(crate) fn cell(&mut self, cell: Cell<'_>) -> &mut Self {
         if self.expect(&cell) {
             let b = &mut self.rows.buf;
             match cell {
@@ -412,12 +414,12 @@ impl RowWriter<'_> {
     }
 
     #[inline]
-    pub fn i64(&mut self, v: i64) -> &mut Self {
+    pub(crate) fn i64(&mut self, v: i64) -> &mut Self {
         self.cell(Cell::I64(v))
     }
 
     #[inline]
-    pub fn i32(&mut self, v: i32) -> &mut Self {
+    pub(crate) fn i32(&mut self, v: i32) -> &mut Self {
         self.cell(Cell::I32(v))
     }
 
@@ -432,19 +434,14 @@ impl RowWriter<'_> {
     }
 
     #[inline]
-    pub fn opt_f64(&mut self, v: Option<f64>) -> &mut Self {
-        self.cell(v.map_or(Cell::Null, Cell::F64))
-    }
-
-    #[inline]
-    pub fn opt_str(&mut self, v: Option<&str>) -> &mut Self {
+    pub(crate) fn opt_str(&mut self, v: Option<&str>) -> &mut Self {
         self.cell(v.map_or(Cell::Null, Cell::Str))
     }
 
     /// Ends the row. A row with too few or too many columns is dropped and recorded as an
     /// error (see [`Rows::check`]).
     #[inline]
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         if self.done {
             return;
         }
@@ -496,63 +493,31 @@ impl From<&Cell<'_>> for OwnedCell {
     }
 }
 
-#[derive(Debug, Clone, Copy, thiserror::Error, PartialEq, Eq)]
-#[error("corrupt output rows: {0}")]
-pub struct RowsError(&'static str);
-
-struct Reader<'a> {
-    b: &'a [u8],
-    i: usize,
-}
-
-impl<'a> Reader<'a> {
-    #[inline]
-    fn take(&mut self, n: usize) -> Result<&'a [u8], RowsError> {
-        let end = self
-            .i
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or(RowsError("truncated"))?;
-        let s = &self.b[self.i..end];
-        self.i = end;
-        Ok(s)
-    }
-
-    fn u32(&mut self) -> Result<u32, RowsError> {
-        let s = self.take(4)?;
-        Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-    }
-
-    fn u64(&mut self) -> Result<u64, RowsError> {
-        let s = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(s);
-        Ok(u64::from_le_bytes(a))
-    }
-
-    #[inline]
-    fn cell(&mut self, ty: ColumnType) -> Result<Cell<'a>, RowsError> {
-        match self.take(1)?[0] {
+/// One cell of [`Rows`]' encoding: a null/value tag, then the value.
+#[inline]
+fn read_cell<'a>(r: &mut Reader<'a>, ty: ColumnType) -> Result<Cell<'a>, CodecError> {
+    {
+        match r.take(1)?[0] {
             NULL => return Ok(Cell::Null),
             VALUE => {}
-            _ => return Err(RowsError("bad cell tag")),
+            _ => return Err(CodecError("bad cell tag")),
         }
         Ok(match ty {
-            ColumnType::Boolean => Cell::Bool(self.take(1)?[0] != 0),
+            ColumnType::Boolean => Cell::Bool(r.take(1)?[0] != 0),
             ColumnType::Integer => {
-                let s = self.take(4)?;
+                let s = r.take(4)?;
                 Cell::I32(i32::from_le_bytes([s[0], s[1], s[2], s[3]]))
             }
-            ColumnType::BigInt => Cell::I64(self.u64()? as i64),
-            ColumnType::Double => Cell::F64(f64::from_bits(self.u64()?)),
+            ColumnType::BigInt => Cell::I64(r.u64()? as i64),
+            ColumnType::Double => Cell::F64(f64::from_bits(r.u64()?)),
             ColumnType::Varchar => {
-                let n = self.u32()? as usize;
-                let s = self.take(n)?;
-                Cell::Str(std::str::from_utf8(s).map_err(|_| RowsError("invalid text"))?)
+                let n = r.u32()? as usize;
+                let s = r.take(n)?;
+                Cell::Str(std::str::from_utf8(s).map_err(|_| CodecError("invalid text"))?)
             }
             ColumnType::Blob => {
-                let n = self.u32()? as usize;
-                Cell::Bytes(self.take(n)?)
+                let n = r.u32()? as usize;
+                Cell::Bytes(r.take(n)?)
             }
         })
     }

@@ -14,8 +14,8 @@ use std::hash::BuildHasherDefault;
 use crate::aggregate::{
     decode_states, encode_states, merge_states, new_states, AggSpec, Input, States,
 };
+use crate::codec::{CodecError, Reader, Writer};
 use crate::rows::Rows;
-use crate::state::{CodecError, Reader, Writer};
 use crate::window::{write_window, FxHasher};
 
 struct Session {
@@ -32,7 +32,7 @@ struct KeySessions {
     written_end: Option<i64>,
 }
 
-pub struct SessionStore {
+pub(crate) struct SessionStore {
     gap_ms: i64,
     nkeys: usize,
     keys: Vec<(Box<[u8]>, KeySessions)>,
@@ -154,7 +154,7 @@ impl SessionStore {
     }
 
     /// Writes every session whose end is at or before `watermark_ms`. Returns the rows written.
-    pub fn close_through(&mut self, watermark_ms: i64, out: &mut Rows) -> usize {
+    pub(crate) fn close_through(&mut self, watermark_ms: i64, out: &mut Rows) -> usize {
         let mut written = 0;
         while let Some(&(end, slot, start)) = self.by_end.first() {
             if end > watermark_ms {
@@ -196,7 +196,7 @@ impl SessionStore {
     }
 
     /// Writes every open session (end of bounded input); returns the latest end written.
-    pub fn close_all(&mut self, out: &mut Rows) -> Option<i64> {
+    pub(crate) fn close_all(&mut self, out: &mut Rows) -> Option<i64> {
         let mut last = None;
         while let Some(&(end, slot, start)) = self.by_end.first() {
             self.write(end, slot, start, out);

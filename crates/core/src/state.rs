@@ -3,77 +3,9 @@
 //! the output of one cycle (a [`Batch`] of rows per output table), with the compact binary form
 //! the output is stored in.
 
-use std::collections::BTreeMap;
-
-use crate::rows::{ColumnType, Rows, RowsError, TableSchema};
-
-/// The settings a job's state only makes sense with; a run with other ones is refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobSettings {
-    pub source: String,
-    pub window_ms: i64,
-    pub lateness_ms: i64,
-    pub key_field: String,
-    pub time_field: String,
-    pub value_field: String,
-    /// Every other setting that differs from its default, by parameter name (window kind, hop,
-    /// keys, aggregates, time format, ...). A setting left at its default is absent, so a job
-    /// checkpointed before a setting existed keeps matching runs that leave it alone.
-    pub extra: BTreeMap<String, String>,
-}
-
-impl JobSettings {
-    /// The settings as (name, shown value) pairs, in a fixed order, for comparison.
-    fn entries(&self) -> Vec<(&str, String)> {
-        vec![
-            ("topic", format!("'{}'", self.source)),
-            ("window_ms", self.window_ms.to_string()),
-            ("lateness_ms", self.lateness_ms.to_string()),
-            ("key_field", format!("'{}'", self.key_field)),
-            ("time_field", format!("'{}'", self.time_field)),
-            ("value_field", format!("'{}'", self.value_field)),
-        ]
-    }
-
-    /// The first setting that differs, as (name, stored, requested).
-    pub fn first_difference(&self, requested: &JobSettings) -> Option<(String, String, String)> {
-        for ((name, a), (_, b)) in self.entries().into_iter().zip(requested.entries()) {
-            if a != b {
-                return Some((name.to_string(), a, b));
-            }
-        }
-        let names: std::collections::BTreeSet<&String> =
-            self.extra.keys().chain(requested.extra.keys()).collect();
-        for name in names {
-            let shown = |s: &JobSettings| {
-                s.extra
-                    .get(name)
-                    .cloned()
-                    .unwrap_or_else(|| "its default".to_string())
-            };
-            let (a, b) = (shown(self), shown(requested));
-            if a != b {
-                return Some((name.clone(), a, b));
-            }
-        }
-        None
-    }
-
-    /// The extra settings as stored (one `name=value` per line; values have no newlines).
-    pub fn extra_text(&self) -> String {
-        self.extra
-            .iter()
-            .map(|(k, v)| format!("{k}={}\n", v.replace('\n', " ")))
-            .collect()
-    }
-
-    pub fn parse_extra(text: &str) -> BTreeMap<String, String> {
-        text.lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-}
+use crate::codec::{CodecError, Reader};
+use crate::rows::{ColumnType, Rows, TableSchema};
+use crate::tables::ByTable;
 
 /// One partition's progress.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,77 +26,53 @@ pub struct PartitionState {
 }
 
 /// The shapes of a job's three output tables.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutputSchemas {
-    pub windows: TableSchema,
-    pub late: TableSchema,
-    pub dead: TableSchema,
-}
+pub type OutputSchemas = ByTable<TableSchema>;
 
-impl OutputSchemas {
-    pub fn new(windows: TableSchema) -> OutputSchemas {
+impl ByTable<TableSchema> {
+    /// A job's tables: its windows table and the fixed late-events and dead-letters tables.
+    pub(crate) fn for_windows(windows: TableSchema) -> OutputSchemas {
         OutputSchemas {
             windows,
             late: TableSchema::late_events(),
             dead: TableSchema::dead_letters(),
         }
     }
-
-    pub fn tables(&self) -> [&TableSchema; 3] {
-        [&self.windows, &self.late, &self.dead]
-    }
 }
 
 /// The output of one checkpoint cycle, applied to DuckDB as one transaction.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Batch {
-    pub windows: Rows,
-    pub late: Rows,
-    pub dead: Rows,
-}
+pub type Batch = ByTable<Rows>;
 
-impl Batch {
-    pub fn new(schemas: &OutputSchemas) -> Batch {
-        Batch {
-            windows: Rows::new(schemas.windows.types()),
-            late: Rows::new(schemas.late.types()),
-            dead: Rows::new(schemas.dead.types()),
-        }
+impl ByTable<Rows> {
+    /// No rows yet, in the shapes of `schemas`.
+    pub fn empty(schemas: &OutputSchemas) -> Batch {
+        schemas.as_ref().map(|s| Rows::new(s.types()))
     }
 
     pub fn is_empty(&self) -> bool {
-        self.windows.is_empty() && self.late.is_empty() && self.dead.is_empty()
+        self.iter().all(|r| r.is_empty())
     }
 
     pub fn clear(&mut self) {
-        self.windows.clear();
-        self.late.clear();
-        self.dead.clear();
+        self.as_mut().map(Rows::clear);
     }
 
     pub fn rows(&self) -> usize {
-        self.windows.len() + self.late.len() + self.dead.len()
+        self.iter().map(|r| r.len()).sum()
     }
 
     /// Reports a row written with the wrong shape (a bug).
     pub fn check(&self) -> Result<(), String> {
-        self.windows.check()?;
-        self.late.check()?;
-        self.dead.check()
+        self.iter().try_for_each(Rows::check)
     }
 
     /// The stored form: the three tables' schemas and rows, so a batch can be applied again
     /// after a crash without the run's configuration.
     pub fn encode(&self, schemas: &OutputSchemas, out: &mut Vec<u8>) {
         out.push(FORMAT);
-        for (schema, rows) in schemas.tables().into_iter().zip(self.tables()) {
+        for (schema, rows) in schemas.iter().zip(self) {
             encode_schema(schema, out);
             rows.encode(out);
         }
-    }
-
-    fn tables(&self) -> [&Rows; 3] {
-        [&self.windows, &self.late, &self.dead]
     }
 
     /// Decodes a stored batch. `legacy_topic` fills the topic column of batches stored by
@@ -178,48 +86,30 @@ impl Batch {
         let mut at = 1;
         let mut next = || -> Result<(TableSchema, Rows), CodecError> {
             let schema = decode_schema(data, &mut at)?;
-            let rows = Rows::decode(data, &mut at).map_err(CodecError::from)?;
+            let rows = Rows::decode(data, &mut at)?;
             if rows.types() != schema.types().as_slice() {
                 return Err(CodecError("rows do not match their table"));
             }
             Ok((schema, rows))
         };
-        let (ws, w) = next()?;
-        let (ls, l) = next()?;
-        let (ds, d) = next()?;
+        let (windows, late, dead) = (next()?, next()?, next()?);
         if at != data.len() {
             return Err(CodecError("trailing bytes"));
         }
-        Ok((
-            OutputSchemas {
-                windows: ws,
-                late: ls,
-                dead: ds,
-            },
-            Batch {
-                windows: w,
-                late: l,
-                dead: d,
-            },
-        ))
+        let both = ByTable {
+            windows,
+            late,
+            dead,
+        };
+        Ok((both.as_ref().map(|(s, _)| s.clone()), both.map(|(_, r)| r)))
     }
 }
 
 /// Version of the binary forms, stored first so that a later version can read old checkpoints.
 const FORMAT: u8 = 2;
 
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-#[error("corrupt checkpoint data: {0}")]
-pub struct CodecError(pub &'static str);
-
-impl From<RowsError> for CodecError {
-    fn from(_: RowsError) -> Self {
-        CodecError("unreadable output rows")
-    }
-}
-
 fn encode_schema(s: &TableSchema, out: &mut Vec<u8>) {
-    let mut w = Writer(out);
+    let mut w = crate::codec::Writer(out);
     w.u64(s.columns.len() as u64);
     for c in &s.columns {
         w.bytes(c.name.as_bytes());
@@ -260,129 +150,14 @@ fn decode_schema(data: &[u8], at: &mut usize) -> Result<TableSchema, CodecError>
     })
 }
 
-pub(crate) struct Writer<'a>(pub &'a mut Vec<u8>);
-
-impl Writer<'_> {
-    pub fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    pub fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    pub fn i64(&mut self, v: i64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    pub fn f64(&mut self, v: f64) {
-        self.0.extend_from_slice(&v.to_bits().to_le_bytes());
-    }
-    pub fn bytes(&mut self, b: &[u8]) {
-        self.u64(b.len() as u64);
-        self.0.extend_from_slice(b);
-    }
-}
-
-pub(crate) struct Reader<'a> {
-    pub b: &'a [u8],
-    pub i: usize,
-}
-
-impl<'a> Reader<'a> {
-    pub fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
-        let end = self
-            .i
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or(CodecError("truncated"))?;
-        let s = &self.b[self.i..end];
-        self.i = end;
-        Ok(s)
-    }
-    pub fn u8(&mut self) -> Result<u8, CodecError> {
-        Ok(self.take(1)?[0])
-    }
-    pub fn u64(&mut self) -> Result<u64, CodecError> {
-        let s = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(s);
-        Ok(u64::from_le_bytes(a))
-    }
-    pub fn i64(&mut self) -> Result<i64, CodecError> {
-        self.u64().map(|v| v as i64)
-    }
-    pub fn i32(&mut self) -> Result<i32, CodecError> {
-        i32::try_from(self.i64()?).map_err(|_| CodecError("partition out of range"))
-    }
-    pub fn f64(&mut self) -> Result<f64, CodecError> {
-        self.u64().map(f64::from_bits)
-    }
-    pub fn count(&mut self) -> Result<usize, CodecError> {
-        let n = usize::try_from(self.u64()?).map_err(|_| CodecError("bad count"))?;
-        // A count can never exceed the bytes left (every item takes at least one byte).
-        if n > self.b.len().saturating_sub(self.i) {
-            return Err(CodecError("bad count"));
-        }
-        Ok(n)
-    }
-    pub fn bytes(&mut self) -> Result<&'a [u8], CodecError> {
-        let n = self.count()?;
-        self.take(n)
-    }
-    pub fn string(&mut self) -> Result<String, CodecError> {
-        let b = self.bytes()?;
-        String::from_utf8(b.to_vec()).map_err(|_| CodecError("invalid text"))
-    }
-    pub fn end(&self) -> Result<(), CodecError> {
-        if self.i == self.b.len() {
-            Ok(())
-        } else {
-            Err(CodecError("trailing bytes"))
-        }
-    }
-}
-
-/// What version 0.1 stored (format 1: fixed tables, tumbling windows only), still readable so a
-/// job checkpointed by that version resumes after an upgrade.
+/// The batches version 0.1 stored (format 1: fixed tables), still readable so a job
+/// checkpointed by that version resumes after an upgrade (its open windows: `engine::legacy`).
 pub(crate) mod legacy {
     use super::*;
-    use crate::aggregate::{AggState, SumState};
-    use crate::engine::EngineConfig;
     use crate::rows::Cell;
-    use crate::window::PaneStore;
-
-    /// Open windows: (start, key, count, values, sum, compensation, min, max) each.
-    pub fn decode_windows(
-        cfg: &EngineConfig,
-        floor_ms: i64,
-        data: &[u8],
-    ) -> Result<PaneStore, CodecError> {
-        let size = cfg.time.window_ms;
-        let mut store = PaneStore::new(size, size, 1, floor_ms);
-        let mut r = Reader { b: data, i: 0 };
-        r.u8()?;
-        for _ in 0..r.count()? {
-            let start = r.i64()?;
-            let key: Box<[u8]> = r.bytes()?.into();
-            let (count, values) = (r.i64()?, r.i64()?);
-            let (sum, comp, min, max) = (r.f64()?, r.f64()?, r.f64()?, r.f64()?);
-            let has = values > 0;
-            let states: Box<[AggState]> = Box::new([
-                AggState::Count(count),
-                AggState::Sum(SumState {
-                    n: values,
-                    sum,
-                    comp,
-                }),
-                AggState::Min(has.then_some(min)),
-                AggState::Max(has.then_some(max)),
-            ]);
-            store.insert_states(start, &key, states);
-        }
-        r.end()?;
-        Ok(store)
-    }
 
     /// The windows table of version 0.1 (the default job's).
-    pub fn default_windows_schema() -> TableSchema {
+    pub(crate) fn default_windows_schema() -> TableSchema {
         use ColumnType::*;
         TableSchema::new(
             &[
@@ -398,10 +173,13 @@ pub(crate) mod legacy {
         )
     }
 
-    pub fn decode_batch(data: &[u8], topic: &str) -> Result<(OutputSchemas, Batch), CodecError> {
+    pub(crate) fn decode_batch(
+        data: &[u8],
+        topic: &str,
+    ) -> Result<(OutputSchemas, Batch), CodecError> {
         let mut r = Reader { b: data, i: 1 };
-        let schemas = OutputSchemas::new(default_windows_schema());
-        let mut batch = Batch::new(&schemas);
+        let schemas = OutputSchemas::for_windows(default_windows_schema());
+        let mut batch = Batch::empty(&schemas);
         for _ in 0..r.count()? {
             let start = r.i64()?;
             let end = r.i64()?;
@@ -463,11 +241,11 @@ mod tests {
     use crate::rows::{Cell, OwnedCell};
 
     fn schemas() -> OutputSchemas {
-        OutputSchemas::new(legacy::default_windows_schema())
+        OutputSchemas::for_windows(legacy::default_windows_schema())
     }
 
     fn sample() -> Batch {
-        let mut b = Batch::new(&schemas());
+        let mut b = Batch::empty(&schemas());
         b.windows.push(&[
             Cell::I64(-1000),
             Cell::I64(0),
@@ -520,7 +298,7 @@ mod tests {
     fn version_one_batches_are_still_read() {
         // One window, one late event and one dead letter as version 0.1 stored them.
         let mut v1 = vec![1u8];
-        let mut w = Writer(&mut v1);
+        let mut w = crate::codec::Writer(&mut v1);
         w.u64(1);
         w.i64(0);
         w.i64(1000);
@@ -562,32 +340,5 @@ mod tests {
         );
         assert_eq!(b.late.to_vec()[0][9], OwnedCell::I64(42));
         assert_eq!(b.dead.to_vec()[0][5], OwnedCell::Str("not JSON".into()));
-    }
-
-    #[test]
-    fn settings_differences_name_the_setting() {
-        let base = JobSettings {
-            source: "t".into(),
-            window_ms: 1000,
-            lateness_ms: 0,
-            key_field: "key".into(),
-            time_field: "ts".into(),
-            value_field: "v".into(),
-            extra: BTreeMap::new(),
-        };
-        assert_eq!(base.first_difference(&base.clone()), None);
-        let mut other = base.clone();
-        other.window_ms = 5;
-        assert_eq!(
-            base.first_difference(&other),
-            Some(("window_ms".into(), "1000".into(), "5".into()))
-        );
-        let mut hop = base.clone();
-        hop.extra.insert("hop_ms".into(), "500".into());
-        assert_eq!(
-            base.first_difference(&hop),
-            Some(("hop_ms".into(), "its default".into(), "500".into()))
-        );
-        assert_eq!(JobSettings::parse_extra(&hop.extra_text()), hop.extra);
     }
 }

@@ -3,7 +3,10 @@
 //! ISO 8601 / RFC 3339 text with `Z` or a numeric offset; text without an offset is read in a
 //! zone the job names (UTC or an IANA zone), never guessed. Parsing allocates nothing.
 
-use crate::record::{MAX_EVENT_TIME_MS, MIN_EVENT_TIME_MS};
+/// Event times outside years 1..=9999 are rejected: they are almost always unit mistakes
+/// (seconds or microseconds), and inside this range window arithmetic cannot overflow.
+pub const MIN_EVENT_TIME_MS: i64 = -62_135_596_800_000;
+pub const MAX_EVENT_TIME_MS: i64 = 253_402_300_799_999;
 
 /// How a message's event time is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +56,7 @@ impl TimeFormat {
     }
 
     /// What the field is expected to be, for dead-letter reasons.
-    pub fn expected(self) -> &'static str {
+    pub(crate) fn expected(self) -> &'static str {
         match self {
             TimeFormat::EpochMsInteger => "integer epoch milliseconds",
             TimeFormat::EpochMs => "epoch milliseconds",
@@ -125,7 +128,7 @@ impl Zone {
     /// the first occurrence; one that does not occur (clocks turned forward) is read with the
     /// offset before the change, i.e. moved forward by the gap (as ECMAScript Temporal's
     /// "compatible" and java.time do).
-    pub fn local_to_utc_ms(&self, local_ms: i64) -> Option<i64> {
+    pub(crate) fn local_to_utc_ms(&self, local_ms: i64) -> Option<i64> {
         let Some(_) = &self.tz else {
             return Some(local_ms);
         };
@@ -210,7 +213,7 @@ pub fn epoch_ms(literal: &[u8], format: TimeFormat) -> Result<i64, TimeError> {
 }
 
 /// Days from 1970-01-01 to the given civil date (proleptic Gregorian).
-pub fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+pub(crate) fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
     let yoe = y - era * 400;

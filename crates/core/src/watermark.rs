@@ -36,7 +36,7 @@ impl PartitionClock {
     }
 }
 
-pub struct Watermarks {
+pub(crate) struct Watermarks {
     lateness_ms: i64,
     idle_timeout_ms: Option<i64>,
     clocks: Vec<PartitionClock>,
@@ -67,11 +67,11 @@ impl Watermarks {
     }
 
     #[inline]
-    pub fn global_ms(&self) -> i64 {
+    pub(crate) fn global_ms(&self) -> i64 {
         self.global_ms
     }
 
-    pub fn clocks(&self) -> &[PartitionClock] {
+    pub(crate) fn clocks(&self) -> &[PartitionClock] {
         &self.clocks
     }
 
@@ -82,7 +82,7 @@ impl Watermarks {
 
     /// Records an event time of partition `idx`; returns whether the global watermark advanced.
     #[inline]
-    pub fn observe(&mut self, idx: usize, event_time_ms: i64) -> bool {
+    pub(crate) fn observe(&mut self, idx: usize, event_time_ms: i64) -> bool {
         let lateness = self.lateness_ms;
         let active_min = self.active_min_ms;
         let c = &mut self.clocks[idx];
@@ -96,7 +96,7 @@ impl Watermarks {
     }
 
     /// Records that partition `idx` delivered at wall-clock `now_ms`: it is not idle.
-    pub fn delivered(&mut self, idx: usize, now_ms: i64) -> bool {
+    pub(crate) fn delivered(&mut self, idx: usize, now_ms: i64) -> bool {
         let c = &mut self.clocks[idx];
         c.last_delivery_ms = now_ms;
         if c.idle {
@@ -112,7 +112,7 @@ impl Watermarks {
     /// the last look are taken in the order they went idle, so the result is the one a
     /// continuous look would have given (one partition going quiet before another lets the
     /// watermark move in between).
-    pub fn refresh_idle(&mut self, now_ms: i64) -> bool {
+    pub(crate) fn refresh_idle(&mut self, now_ms: i64) -> bool {
         let Some(timeout) = self.idle_timeout_ms else {
             return false;
         };
@@ -139,7 +139,7 @@ impl Watermarks {
     }
 
     /// Raises the floor (after a flush closed windows ahead of the watermark).
-    pub fn raise_to(&mut self, ms: i64) {
+    pub(crate) fn raise_to(&mut self, ms: i64) {
         self.global_ms = self.global_ms.max(ms);
     }
 
@@ -162,7 +162,7 @@ impl Watermarks {
     }
 
     /// Whether every partition has been silent for `quiet_ms` of wall clock at `now_ms`.
-    pub fn all_quiet(&self, now_ms: i64, quiet_ms: i64) -> bool {
+    pub(crate) fn all_quiet(&self, now_ms: i64, quiet_ms: i64) -> bool {
         !self.clocks.is_empty()
             && self
                 .clocks

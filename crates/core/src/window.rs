@@ -13,26 +13,26 @@ use hashbrown::HashTable;
 use crate::aggregate::{
     decode_states, encode_states, fresh_states, merge_states, AggSpec, AggState, Input, States,
 };
+use crate::codec::{CodecError, Reader, Writer};
 use crate::record::key_parts;
 use crate::rows::Rows;
-use crate::state::{CodecError, Reader, Writer};
 
 /// `floor(event_time_ms / size_ms) * size_ms`, flooring also for negative times.
 #[inline]
-pub fn window_start_ms(event_time_ms: i64, size_ms: i64) -> i64 {
+pub(crate) fn window_start_ms(event_time_ms: i64, size_ms: i64) -> i64 {
     event_time_ms.div_euclid(size_ms) * size_ms
 }
 
 /// The exclusive end of the window that starts at `start_ms`.
 #[inline]
-pub fn window_end_ms(start_ms: i64, size_ms: i64) -> i64 {
+pub(crate) fn window_end_ms(start_ms: i64, size_ms: i64) -> i64 {
     start_ms.saturating_add(size_ms)
 }
 
 /// FxHash: keys are short byte strings hashed once per event, where SipHash would cost more
 /// than the rest of the window update.
 #[derive(Default, Clone, Copy)]
-pub struct FxHasher(u64);
+pub(crate) struct FxHasher(u64);
 
 const FX: u64 = 0x51_7c_c1_b7_27_22_0a_95;
 
@@ -63,10 +63,10 @@ impl Hasher for FxHasher {
 }
 
 /// Per key, the partial aggregates of one pane (or session).
-pub type KeyMap<V> = HashMap<Box<[u8]>, V, BuildHasherDefault<FxHasher>>;
+pub(crate) type KeyMap<V> = HashMap<Box<[u8]>, V, BuildHasherDefault<FxHasher>>;
 
 /// Writes one window row: start, end, the key columns, the aggregates.
-pub fn write_window(
+pub(crate) fn write_window(
     out: &mut Rows,
     start: i64,
     end: i64,
@@ -194,7 +194,7 @@ impl Pane {
 const SPARE_PANES: usize = 4;
 
 /// The open panes of a tumbling or hopping job.
-pub struct PaneStore {
+pub(crate) struct PaneStore {
     size_ms: i64,
     hop_ms: i64,
     nkeys: usize,
@@ -229,7 +229,7 @@ impl PaneStore {
     /// The window an event at `t` is reported late against, if it is late: the last window it
     /// belongs to, when that one's end is at or before the watermark.
     #[inline]
-    pub fn late_window(&self, t: i64, watermark_ms: i64) -> Result<(), (i64, i64)> {
+    pub(crate) fn late_window(&self, t: i64, watermark_ms: i64) -> Result<(), (i64, i64)> {
         let start = window_start_ms(t, self.hop_ms);
         let end = window_end_ms(start, self.size_ms);
         if end <= watermark_ms {
@@ -279,7 +279,7 @@ impl PaneStore {
 
     /// Writes every window whose end is at or before `watermark_ms` (rows of the windows table)
     /// and forgets the panes no open window needs. Returns how many rows were written.
-    pub fn close_through(&mut self, watermark_ms: i64, out: &mut Rows) -> usize {
+    pub(crate) fn close_through(&mut self, watermark_ms: i64, out: &mut Rows) -> usize {
         let mut written = 0;
         while let Some(&first) = self.panes.keys().next() {
             let start = self.next_start(first);
@@ -294,7 +294,7 @@ impl PaneStore {
     }
 
     /// Writes every open window (end of bounded input); returns the latest end written.
-    pub fn close_all(&mut self, out: &mut Rows) -> Option<i64> {
+    pub(crate) fn close_all(&mut self, out: &mut Rows) -> Option<i64> {
         let mut last_end = None;
         while let Some(&first) = self.panes.keys().next() {
             let start = self.next_start(first);

@@ -11,11 +11,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use streaming_etl_core::error::{EtlError, Result};
-use streaming_etl_core::state::{JobSettings, PartitionState};
-use streaming_etl_core::watermark::NO_WATERMARK;
+use streaming_etl_core::{EtlError, JobSettings, PartitionState, Result, NO_WATERMARK};
 
 use crate::config::CheckpointLocation;
+use crate::sink::Tables;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS streaming_etl_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -81,10 +80,11 @@ pub struct StoredJob {
 /// Output committed to the outbox but not yet confirmed in DuckDB.
 pub struct Pending {
     pub seq: i64,
-    pub windows_table: String,
-    pub late_table: String,
-    pub dead_letter_table: String,
-    pub topic: String,
+    /// The tables the batch goes to, as the sink named them.
+    pub tables: Tables,
+    /// The job's source as given (the outbox's `topic` column), which fills the `topic` column
+    /// of batches stored by version 0.1.
+    pub source: String,
     pub batch: Vec<u8>,
 }
 
@@ -341,10 +341,12 @@ impl Checkpoint {
             .query_map([job], |r| {
                 Ok(Pending {
                     seq: r.get(0)?,
-                    windows_table: r.get(1)?,
-                    late_table: r.get(2)?,
-                    dead_letter_table: r.get(3)?,
-                    topic: r.get(4)?,
+                    tables: Tables {
+                        windows: r.get(1)?,
+                        late: r.get(2)?,
+                        dead: r.get(3)?,
+                    },
+                    source: r.get(4)?,
                     batch: r.get(5)?,
                 })
             })
@@ -406,7 +408,7 @@ impl Checkpoint {
             tx.execute(
                 "INSERT INTO outbox (job, seq, windows_table, late_table, dead_letter_table, topic, batch)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![job, p.seq, p.windows_table, p.late_table, p.dead_letter_table, p.topic, p.batch],
+                params![job, p.seq, p.tables.windows, p.tables.late, p.tables.dead, p.source, p.batch],
             )
             .map_err(&err)?;
         }

@@ -7,8 +7,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use streaming_etl_core::error::{EtlError, Result};
-use streaming_etl_core::state::{Batch, OutputSchemas, PartitionState};
+use streaming_etl_core::{Batch, EtlError, OutputSchemas, PartitionState, Result};
 
 use crate::checkpoint::{Checkpoint, CycleCommit, Pending};
 use crate::sink::{Output, OutputSink, Tables};
@@ -29,7 +28,8 @@ pub struct CycleState {
 pub struct Target {
     pub job: String,
     pub job_created_ms: i64,
-    pub topic: String,
+    /// The job's source as given.
+    pub source: String,
     pub tables: Tables,
     pub schemas: Arc<OutputSchemas>,
 }
@@ -169,10 +169,8 @@ fn commit(
             state.batch.encode(&target.schemas, &mut encoded);
             Some(Pending {
                 seq,
-                windows_table: target.tables.windows.clone(),
-                late_table: target.tables.late.clone(),
-                dead_letter_table: target.tables.dead.clone(),
-                topic: target.topic.clone(),
+                tables: target.tables.clone(),
+                source: target.source.clone(),
                 batch: encoded,
             })
         }

@@ -1,8 +1,7 @@
 //! What a run is asked to do, already parsed and checked (the extension builds it from SQL
 //! arguments at bind time; tests build it directly).
 
-use streaming_etl_core::pipeline::EngineConfig;
-use streaming_etl_core::state::JobSettings;
+use streaming_etl_core::{EngineConfig, JobSettings};
 
 use crate::sink::Tables;
 
@@ -28,9 +27,9 @@ impl CheckpointLocation {
 pub struct JobConfig {
     /// The name the job's state is kept under.
     pub job: String,
-    /// The source as the user named it (the `topic` argument); also the `topic` column of late
-    /// events and dead letters.
-    pub topic: String,
+    /// The source as the user named it (the `topic` argument: a Kafka topic or a `file:`
+    /// pattern); also the `topic` column of late events and dead letters.
+    pub source: String,
     /// The settings the checkpoint must agree with.
     pub settings: JobSettings,
     pub engine: EngineConfig,

@@ -6,21 +6,18 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use streaming_etl_core::error::{EtlError, Result};
-use streaming_etl_core::pipeline::{
-    read_cycle, reported_watermark, CycleLimits, Engine, PartitionProgress, ReadState, Restored,
-    Stop,
+use streaming_etl_core::{
+    read_cycle, reported_watermark, Batch, CycleLimits, Engine, EtlError, OutputSchemas,
+    PartitionClock, PartitionProgress, PartitionState, ReadState, Restored, Result, Source, Stop,
+    NO_WATERMARK,
 };
-use streaming_etl_core::source::Source;
-use streaming_etl_core::state::{Batch, OutputSchemas, PartitionState};
-use streaming_etl_core::watermark::{PartitionClock, NO_WATERMARK};
 
 use crate::checkpoint::{Checkpoint, StoredJob};
 use crate::clock::Clock;
 use crate::committer::{Committer, CycleState, Target};
 use crate::config::JobConfig;
 use crate::lock::JobLock;
-use crate::sink::{Output, OutputSink, Tables};
+use crate::sink::{Output, OutputSink};
 
 /// Late and dead rows a cycle may gather before it checkpoints early (bounds memory).
 const MAX_PENDING_ROWS: usize = 500_000;
@@ -104,13 +101,9 @@ fn replay_pending(
     sink: &mut dyn OutputSink,
 ) -> Result<()> {
     for p in checkpoint.pending(job)? {
-        let (schemas, batch) = Batch::decode(&p.batch, &p.topic)
+        let (schemas, batch) = Batch::decode(&p.batch, &p.source)
             .map_err(|e| EtlError::checkpoint(checkpoint.path(), e))?;
-        let tables = Tables {
-            windows: p.windows_table,
-            late: p.late_table,
-            dead: p.dead_letter_table,
-        };
+        let tables = p.tables;
         sink.prepare(&tables, &schemas)?;
         sink.apply(&Output {
             job,
@@ -157,7 +150,7 @@ fn resume_engine(
         open_windows: stored.and_then(|s| s.open_windows.clone()),
     };
     let path = cfg.checkpoint.shown().to_string();
-    let engine = Engine::new(&cfg.engine, restored, now_ms, &cfg.topic)
+    let engine = Engine::new(&cfg.engine, restored, now_ms, &cfg.source)
         .map_err(|e| EtlError::checkpoint(&path, e))?;
     Ok(engine)
 }
@@ -165,7 +158,7 @@ fn resume_engine(
 /// Threads that parse messages ahead of the merge: the cores left once the merge and the
 /// commit thread (with DuckDB's writes) have one each, at most three. On two cores, one thread
 /// once the messages turn out to be wide (`ReadState::decode_ahead_when_wide`): on narrow ones
-/// it measured no faster end to end (README, benchmarks).
+/// it measured no faster end to end (docs/benchmarks.md).
 fn decode_threads() -> (usize, usize) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (cores.saturating_sub(2).min(3), usize::from(cores == 2))
@@ -203,7 +196,7 @@ impl Run {
             Target {
                 job: cfg.job.clone(),
                 job_created_ms,
-                topic: cfg.topic.clone(),
+                source: cfg.source.clone(),
                 tables: cfg.tables.clone(),
                 schemas: Arc::clone(&schemas),
             },
@@ -322,7 +315,7 @@ impl Run {
         let mut batch = self
             .spare
             .pop()
-            .unwrap_or_else(|| Batch::new(&self.schemas));
+            .unwrap_or_else(|| Batch::empty(&self.schemas));
         self.engine.take_output(&mut batch);
         let parts = self.source.partitions();
         let partitions: Vec<PartitionState> = self

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use streaming_etl_core::error::{EtlError, Result};
+use streaming_etl_core::{EtlError, Result};
 
 /// Jobs running against one in-memory checkpoint.
 #[derive(Default)]

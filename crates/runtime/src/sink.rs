@@ -1,18 +1,12 @@
 //! Where a run's output goes: the trait the run writes through (the DuckDB tables in the
 //! extension, memory in tests).
 
-use streaming_etl_core::error::Result;
-use streaming_etl_core::state::{Batch, OutputSchemas};
+use streaming_etl_core::{Batch, ByTable, OutputSchemas, Result};
 
 /// The three output tables of a job, as the sink names them (for DuckDB: quoted, possibly
 /// qualified SQL names). Stored with each batch in the outbox, so a batch is re-applied to the
 /// tables it was meant for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Tables {
-    pub windows: String,
-    pub late: String,
-    pub dead: String,
-}
+pub type Tables = ByTable<String>;
 
 /// One batch to apply.
 pub struct Output<'a> {

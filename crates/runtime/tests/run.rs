@@ -7,13 +7,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use streaming_etl_core::decode::FieldPath;
-use streaming_etl_core::error::{EtlError, Result};
-use streaming_etl_core::pipeline::{EngineConfig, TimeSpec};
-use streaming_etl_core::rows::OwnedCell;
-use streaming_etl_core::source::memory::MemorySource;
-use streaming_etl_core::source::Source;
-use streaming_etl_core::state::{JobSettings, OutputSchemas, PartitionState};
+use streaming_etl_core::{
+    EngineConfig, EtlError, FieldPath, MemorySource, OutputSchemas, OwnedCell, PartitionState,
+    Result, Source, TimeSpec,
+};
 use streaming_etl_runtime::checkpoint::Checkpoint;
 use streaming_etl_runtime::clock::Clock;
 use streaming_etl_runtime::config::{CheckpointLocation, JobConfig};
@@ -69,15 +66,8 @@ impl OutputSink for MemorySink {
             });
         }
         let mut all = self.tables.0.lock().unwrap();
-        for (name, schema, rows) in [
-            (
-                &out.tables.windows,
-                &out.schemas.windows,
-                &out.batch.windows,
-            ),
-            (&out.tables.late, &out.schemas.late, &out.batch.late),
-            (&out.tables.dead, &out.schemas.dead, &out.batch.dead),
-        ] {
+        let parts = out.tables.as_ref().zip(out.schemas.as_ref());
+        for ((name, schema), rows) in parts.zip(out.batch.as_ref()) {
             let table = all.entry(name.clone()).or_default();
             let key_cols: Vec<usize> = schema
                 .primary_key
@@ -125,28 +115,21 @@ fn data() -> Vec<Vec<String>> {
 
 fn config(checkpoint: CheckpointLocation, max_messages: Option<u64>, window_ms: i64) -> JobConfig {
     let path = |p: &str| FieldPath::parse(p).unwrap();
-    JobConfig {
-        job: "job".into(),
-        topic: "mem".into(),
-        settings: JobSettings {
-            source: "mem".into(),
+    let engine = EngineConfig::with_defaults(
+        TimeSpec {
             window_ms,
             lateness_ms: 100,
-            key_field: "key".into(),
-            time_field: "event_time_ms".into(),
-            value_field: "payload.value".into(),
-            extra: BTreeMap::new(),
+            idle_timeout_ms: None,
         },
-        engine: EngineConfig::with_defaults(
-            TimeSpec {
-                window_ms,
-                lateness_ms: 100,
-                idle_timeout_ms: None,
-            },
-            path("key"),
-            path("event_time_ms"),
-            &path("payload.value"),
-        ),
+        path("key"),
+        path("event_time_ms"),
+        &path("payload.value"),
+    );
+    JobConfig {
+        settings: engine.job_settings("mem", BTreeMap::new()),
+        job: "job".into(),
+        source: "mem".into(),
+        engine,
         tables: Tables {
             windows: "windows".into(),
             late: "late".into(),

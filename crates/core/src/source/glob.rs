@@ -33,7 +33,7 @@ pub fn lexical_absolute(path: &Path) -> PathBuf {
     out
 }
 
-pub fn has_wildcard(c: &str) -> bool {
+pub(crate) fn has_wildcard(c: &str) -> bool {
     c.contains(['*', '?', '['])
 }
 
@@ -74,7 +74,7 @@ pub fn glob(pattern: &str, policy: Option<&PathPolicy>) -> Result<Vec<PathBuf>, 
 }
 
 /// Checks the policy for `path` (its real path, when it exists).
-pub fn allowed(policy: Option<&PathPolicy>, path: &Path) -> Result<(), String> {
+pub(crate) fn allowed(policy: Option<&PathPolicy>, path: &Path) -> Result<(), String> {
     let Some(policy) = policy else {
         return Ok(());
     };
@@ -137,7 +137,7 @@ fn walk(
 }
 
 /// Shell-style matching of one path component.
-pub fn wildcard_match(pat: &[u8], name: &[u8]) -> bool {
+pub(crate) fn wildcard_match(pat: &[u8], name: &[u8]) -> bool {
     let (mut p, mut n) = (0usize, 0usize);
     let mut star: Option<(usize, usize)> = None;
     while n < name.len() {

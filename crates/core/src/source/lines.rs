@@ -11,14 +11,14 @@ use crate::source::{Message, Pull};
 
 /// How a file is stored, by its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Codec {
+pub(crate) enum Codec {
     Plain,
     Gzip,
     Zstd,
 }
 
 impl Codec {
-    pub fn of(path: &Path) -> Codec {
+    pub(crate) fn of(path: &Path) -> Codec {
         match path.extension().and_then(|e| e.to_str()) {
             Some("gz") => Codec::Gzip,
             Some("zst") => Codec::Zstd,
@@ -27,7 +27,7 @@ impl Codec {
     }
 }
 
-pub struct LineReader {
+pub(crate) struct LineReader {
     input: Box<dyn Read + Send>,
     codec: Codec,
     buf: Vec<u8>,
@@ -93,7 +93,7 @@ impl LineReader {
     }
 
     /// A compressed stream was read to its end.
-    pub fn finished(&self) -> bool {
+    pub(crate) fn finished(&self) -> bool {
         self.finished
     }
 

@@ -2,20 +2,19 @@
 //! hopping or session) per key, with late events and bad messages sent to side outputs. Pure
 //! state, fed one message at a time by the pipeline's read loop.
 
-use crate::aggregate::{AggSpec, Input};
-use crate::decode::{Decoder, FieldPath};
-use crate::prefetch::Chunk;
-use crate::record::{late_key, KeyColumn, Plan, Reject};
-use crate::rows::{ColumnType, TableSchema};
+mod legacy;
+
+use crate::aggregate::Input;
+use crate::chunk::Chunk;
+use crate::codec::{CodecError, Reader, Writer};
+use crate::config::{EngineConfig, WindowKind, MAX_AGGREGATES};
+use crate::decode::Decoder;
+use crate::record::{late_key, FieldPlan, Reject};
 use crate::session::SessionStore;
 use crate::source::Message;
-use crate::state::{Batch, CodecError, OutputSchemas, Reader, Writer};
-use crate::time::{TimeFormat, Zone};
+use crate::state::Batch;
 use crate::watermark::{PartitionClock, Watermarks};
 use crate::window::PaneStore;
-
-/// The most aggregates a job may have (their inputs live on the stack while an event is read).
-pub const MAX_AGGREGATES: usize = 32;
 
 /// Running totals of a run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -24,121 +23,6 @@ pub struct Counters {
     pub windows_emitted: u64,
     pub late_events: u64,
     pub dead_letters: u64,
-}
-
-/// The event-time settings of a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TimeSpec {
-    /// The window length (the gap, for sessions).
-    pub window_ms: i64,
-    pub lateness_ms: i64,
-    pub idle_timeout_ms: Option<i64>,
-}
-
-/// The kind of windows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WindowKind {
-    Tumbling,
-    /// Windows of `window_ms` starting every `hop_ms` (which divides `window_ms`).
-    Hopping {
-        hop_ms: i64,
-    },
-    /// Per-key sessions; `window_ms` is the gap.
-    Session,
-}
-
-/// Everything the engine of a job is configured with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EngineConfig {
-    pub time: TimeSpec,
-    pub window: WindowKind,
-    pub time_field: FieldPath,
-    pub time_format: TimeFormat,
-    /// The zone ISO times without an offset are read in (None: they are dead letters).
-    pub time_zone: Option<Zone>,
-    /// The Kafka record's timestamp is the event time (the time field is not read).
-    pub kafka_timestamp: bool,
-    /// Decimal strings count as numbers where an aggregate needs one.
-    pub numeric_strings: bool,
-    /// An event more than this far ahead of the wall clock is a dead letter.
-    pub max_future_ms: Option<i64>,
-    /// The key columns (none: one row per window).
-    pub keys: Vec<KeyColumn>,
-    /// The single default key (`key_field`): falls back to the Kafka message key when absent,
-    /// and is a string or a number, as in version 0.1.
-    pub default_key: bool,
-    pub aggregates: Vec<AggSpec>,
-}
-
-impl EngineConfig {
-    /// A job with the default key and aggregates (SPEC sections 3-5).
-    pub fn with_defaults(
-        time: TimeSpec,
-        key_field: FieldPath,
-        time_field: FieldPath,
-        value_field: &FieldPath,
-    ) -> EngineConfig {
-        EngineConfig {
-            time,
-            window: WindowKind::Tumbling,
-            time_field,
-            time_format: TimeFormat::EpochMsInteger,
-            time_zone: None,
-            kafka_timestamp: false,
-            numeric_strings: false,
-            max_future_ms: None,
-            keys: vec![KeyColumn {
-                path: key_field,
-                name: "key".into(),
-            }],
-            default_key: true,
-            aggregates: AggSpec::defaults(value_field),
-        }
-    }
-
-    /// The windows table: window bounds, the key columns, the aggregates; keyed by the key
-    /// columns and the window start.
-    pub fn windows_schema(&self) -> TableSchema {
-        let mut cols: Vec<(&str, ColumnType)> = vec![
-            ("window_start_ms", ColumnType::BigInt),
-            ("window_end_ms", ColumnType::BigInt),
-        ];
-        cols.extend(
-            self.keys
-                .iter()
-                .map(|k| (k.name.as_str(), ColumnType::Varchar)),
-        );
-        cols.extend(
-            self.aggregates
-                .iter()
-                .map(|a| (a.name.as_str(), a.func.output_type())),
-        );
-        let mut key: Vec<&str> = self.keys.iter().map(|k| k.name.as_str()).collect();
-        key.push("window_start_ms");
-        TableSchema::new(&cols, &key)
-    }
-
-    /// The output tables of a job with these settings.
-    pub fn schemas(&self) -> OutputSchemas {
-        OutputSchemas::new(self.windows_schema())
-    }
-
-    /// The predecessor's job: fields `key`, `event_time_ms` and `payload.value`, no idle timeout
-    /// (the tests' usual configuration).
-    #[cfg(test)]
-    pub(crate) fn for_tests(window_ms: i64, lateness_ms: i64) -> EngineConfig {
-        let p = |s: &str| crate::decode::FieldPath::parse(s).unwrap();
-        EngineConfig::with_defaults(
-            TimeSpec {
-                window_ms,
-                lateness_ms,
-                idle_timeout_ms: None,
-            },
-            p("key"),
-            p("event_time_ms"),
-            &p("payload.value"),
-        )
-    }
 }
 
 /// Where a job left off: the watermark floor, each partition's progress, the open windows (in
@@ -207,8 +91,7 @@ impl Windows {
                 Windows::Sessions(SessionStore::decode(size, n, aggs, &mut r)?)
             }
             (1, _, WindowKind::Tumbling) if cfg.default_key => {
-                return crate::state::legacy::decode_windows(cfg, floor_ms, data)
-                    .map(Windows::Panes)
+                return legacy::decode_windows(cfg, floor_ms, data).map(Windows::Panes)
             }
             _ => return Err(CodecError("open windows of another kind of job")),
         };
@@ -222,7 +105,7 @@ pub struct Engine {
     cfg: EngineConfig,
     /// The `topic` column of late events and dead letters.
     topic: String,
-    plan: Plan,
+    plan: FieldPlan,
     /// Taken out while an event is read (its fields borrow it); always put back.
     decoder: Option<Decoder>,
     windows: Windows,
@@ -249,7 +132,7 @@ impl Engine {
         if cfg.aggregates.len() > MAX_AGGREGATES {
             return Err(CodecError("too many aggregates"));
         }
-        let plan = Plan::new(cfg);
+        let plan = FieldPlan::new(cfg);
         let windows = match &restored.open_windows {
             Some(data) => Windows::decode(cfg, restored.floor_ms, data)?,
             None => Windows::new(cfg, restored.floor_ms),
@@ -268,7 +151,7 @@ impl Engine {
             ),
             partitions: partitions.iter().map(|p| p.partition).collect(),
             next_offsets: partitions.iter().map(|p| p.next_offset).collect(),
-            out: Batch::new(&cfg.schemas()),
+            out: Batch::empty(&cfg.schemas()),
             counters: Counters::default(),
             now_ms,
             key: Vec::new(),
@@ -389,7 +272,7 @@ impl Engine {
     /// Processes message `i` of a chunk parsed ahead (see `prefetch`): the same outcome as
     /// [`Engine::process`] on that message.
     #[inline]
-    pub fn process_parsed(&mut self, idx: usize, chunk: &Chunk, i: usize) {
+    pub(crate) fn process_parsed(&mut self, idx: usize, chunk: &Chunk, i: usize) {
         self.counters.events_consumed += 1;
         let msg = chunk.message(i);
         self.next_offsets[idx] = msg.next_offset;

@@ -1,14 +1,15 @@
-//! The raw DuckDB C API, for the few things the `duckdb` crate has no safe way to do; each item
-//! says what is missing. Everything else goes through `duckdb`'s `Connection`, `VTab`,
-//! `FlatVector` and `Value`. (The other unsafe code: operating-system calls in `os.rs`, and the
-//! librdkafka batch queue in `source/kafka_batch.rs`.)
+//! The extension's entry point on the raw DuckDB C API: loading, registering the settings, and
+//! finding the host a table function was registered with; the few things the `duckdb` crate
+//! has no safe way to do, each item saying what is missing. Everything else goes through
+//! `duckdb`'s `Connection`, `VTab`, `FlatVector` and `Value`. (The other unsafe code: writing
+//! output vectors in `out_vector.rs`, operating-system calls in `os.rs`, and the librdkafka
+//! batch queue in `source/kafka_batch.rs`.)
 
 use std::any::Any;
 use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use duckdb::core::{FlatVector, Inserter, LogicalTypeId};
 use duckdb::ffi;
 use duckdb::vtab::{BindInfo, TableFunctionInfo, VTab};
 
@@ -144,64 +145,4 @@ pub fn bind_host(bind: &BindInfo) -> Option<Arc<Host>> {
 pub fn func_host<T: VTab>(func: &TableFunctionInfo<T>) -> Option<Arc<Host>> {
     // SAFETY: as in `bind_host`.
     unsafe { func.get_extra_info::<Arc<Host>>().as_ref().cloned() }
-}
-
-/// A column of an output chunk and its logical type, read once when the column is taken: the
-/// type is what makes writing a primitive value sound, and reading it allocates in DuckDB, too
-/// much to do per value. Missing in `duckdb`: a safe way to write primitive values
-/// (`FlatVector::as_mut_slice` is unsafe because it trusts the type).
-pub struct OutVector<'a> {
-    vector: FlatVector<'a>,
-    ty: LogicalTypeId,
-}
-
-impl<'a> OutVector<'a> {
-    pub fn new(vector: FlatVector<'a>) -> OutVector<'a> {
-        let ty = vector.logical_type().id();
-        OutVector { vector, ty }
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.vector.capacity()
-    }
-
-    pub fn type_id(&self) -> LogicalTypeId {
-        self.ty
-    }
-
-    fn write_fixed<V: Copy>(&mut self, ty: LogicalTypeId, row: usize, v: V) -> bool {
-        if self.ty != ty || row >= self.vector.capacity() {
-            return false;
-        }
-        // SAFETY: the column's logical type (read from the vector itself in `new`; a vector's
-        // type does not change) was checked to store `V` (i64 for BIGINT, i32 for INTEGER, f64
-        // for DOUBLE, bool for BOOLEAN) and `row` is within the vector's capacity.
-        unsafe { self.vector.as_mut_slice::<V>()[row] = v };
-        true
-    }
-
-    pub fn write_i64(&mut self, row: usize, v: i64) -> bool {
-        self.write_fixed(LogicalTypeId::Bigint, row, v)
-    }
-
-    pub fn write_i32(&mut self, row: usize, v: i32) -> bool {
-        self.write_fixed(LogicalTypeId::Integer, row, v)
-    }
-
-    pub fn write_f64(&mut self, row: usize, v: f64) -> bool {
-        self.write_fixed(LogicalTypeId::Double, row, v)
-    }
-
-    pub fn write_bool(&mut self, row: usize, v: bool) -> bool {
-        self.write_fixed(LogicalTypeId::Boolean, row, v)
-    }
-
-    pub fn set_null(&mut self, row: usize) {
-        self.vector.set_null(row);
-    }
-
-    /// A string's or a blob's bytes (the vector copies them).
-    pub fn insert_bytes(&mut self, row: usize, value: &[u8]) {
-        self.vector.insert(row, value);
-    }
 }

@@ -1,0 +1,320 @@
+//! What a job is configured with: the engine's settings (time, window kind, fields, keys,
+//! aggregates) and, derived from them once, the settings a checkpoint must agree with.
+
+use std::collections::BTreeMap;
+
+use crate::aggregate::AggSpec;
+use crate::decode::FieldPath;
+use crate::rows::{ColumnType, TableSchema};
+use crate::state::OutputSchemas;
+use crate::time::{TimeFormat, Zone};
+
+/// The key field of the default job (`key_field`'s default).
+pub const DEFAULT_KEY_FIELD: &str = "key";
+
+/// The most aggregates a job may have (their inputs live on the stack while an event is read).
+pub const MAX_AGGREGATES: usize = 32;
+
+/// One column of a job's key: the field it is read from and its name in the windows table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyColumn {
+    pub path: FieldPath,
+    pub name: String,
+}
+
+/// The event-time settings of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeSpec {
+    /// The window length (the gap, for sessions).
+    pub window_ms: i64,
+    pub lateness_ms: i64,
+    pub idle_timeout_ms: Option<i64>,
+}
+
+/// The kind of windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowKind {
+    Tumbling,
+    /// Windows of `window_ms` starting every `hop_ms` (which divides `window_ms`).
+    Hopping {
+        hop_ms: i64,
+    },
+    /// Per-key sessions; `window_ms` is the gap.
+    Session,
+}
+
+/// Everything the engine of a job is configured with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub time: TimeSpec,
+    pub window: WindowKind,
+    pub time_field: FieldPath,
+    pub time_format: TimeFormat,
+    /// The zone ISO times without an offset are read in (None: they are dead letters).
+    pub time_zone: Option<Zone>,
+    /// The Kafka record's timestamp is the event time (the time field is not read).
+    pub kafka_timestamp: bool,
+    /// Decimal strings count as numbers where an aggregate needs one.
+    pub numeric_strings: bool,
+    /// An event more than this far ahead of the wall clock is a dead letter.
+    pub max_future_ms: Option<i64>,
+    /// The key columns (none: one row per window).
+    pub keys: Vec<KeyColumn>,
+    /// The single default key (`key_field`): falls back to the Kafka message key when absent,
+    /// and is a string or a number, as in version 0.1.
+    pub default_key: bool,
+    pub aggregates: Vec<AggSpec>,
+    /// The field the default aggregates read (`value_field`; its default when `aggregates`
+    /// names the fields).
+    pub value_field: FieldPath,
+}
+
+impl EngineConfig {
+    /// A job with the default key and aggregates (SPEC sections 3-5).
+    pub fn with_defaults(
+        time: TimeSpec,
+        key_field: FieldPath,
+        time_field: FieldPath,
+        value_field: &FieldPath,
+    ) -> EngineConfig {
+        EngineConfig {
+            time,
+            window: WindowKind::Tumbling,
+            time_field,
+            time_format: TimeFormat::EpochMsInteger,
+            time_zone: None,
+            kafka_timestamp: false,
+            numeric_strings: false,
+            max_future_ms: None,
+            keys: vec![KeyColumn {
+                path: key_field,
+                name: "key".into(),
+            }],
+            default_key: true,
+            aggregates: AggSpec::defaults(value_field),
+            value_field: value_field.clone(),
+        }
+    }
+
+    /// The windows table: window bounds, the key columns, the aggregates; keyed by the key
+    /// columns and the window start.
+    pub fn windows_schema(&self) -> TableSchema {
+        let mut cols: Vec<(&str, ColumnType)> = vec![
+            ("window_start_ms", ColumnType::BigInt),
+            ("window_end_ms", ColumnType::BigInt),
+        ];
+        cols.extend(
+            self.keys
+                .iter()
+                .map(|k| (k.name.as_str(), ColumnType::Varchar)),
+        );
+        cols.extend(
+            self.aggregates
+                .iter()
+                .map(|a| (a.name.as_str(), a.func.output_type())),
+        );
+        let mut key: Vec<&str> = self.keys.iter().map(|k| k.name.as_str()).collect();
+        key.push("window_start_ms");
+        TableSchema::new(&cols, &key)
+    }
+
+    /// The output tables of a job with these settings.
+    pub fn schemas(&self) -> OutputSchemas {
+        OutputSchemas::for_windows(self.windows_schema())
+    }
+
+    /// The settings a checkpoint of this job must agree with: the source as given and the
+    /// engine's settings, with `adapters` (the sources' and sinks' own settings that differ
+    /// from their defaults, by parameter name) among the extra ones.
+    pub fn job_settings(&self, source: &str, adapters: BTreeMap<String, String>) -> JobSettings {
+        let mut extra = adapters;
+        match self.window {
+            WindowKind::Tumbling => {}
+            WindowKind::Hopping { hop_ms } => {
+                extra.insert("window_kind".into(), "'hopping'".into());
+                extra.insert("hop_ms".into(), hop_ms.to_string());
+            }
+            WindowKind::Session => {
+                extra.insert("window_kind".into(), "'session'".into());
+            }
+        }
+        if !self.default_key {
+            let cols: Vec<String> = self
+                .keys
+                .iter()
+                .map(|k| format!("'{} AS {}'", k.path.as_str(), k.name))
+                .collect();
+            extra.insert("group_by".into(), format!("[{}]", cols.join(", ")));
+        }
+        if self.time_format != TimeFormat::EpochMsInteger {
+            extra.insert(
+                "time_format".into(),
+                format!("'{}'", self.time_format.name()),
+            );
+        }
+        if let Some(z) = &self.time_zone {
+            extra.insert("time_zone".into(), format!("'{}'", z.name()));
+        }
+        if self.kafka_timestamp {
+            extra.insert("kafka_timestamp".into(), "true".into());
+        }
+        if self.numeric_strings {
+            extra.insert("numeric_strings".into(), "true".into());
+        }
+        if self.aggregates != AggSpec::defaults(&self.value_field) {
+            let shown: Vec<String> = self
+                .aggregates
+                .iter()
+                .map(|a| format!("'{}'", a.shown()))
+                .collect();
+            extra.insert("aggregates".into(), format!("[{}]", shown.join(", ")));
+        }
+        // `group_by` excludes `key_field`, so with named keys it is at its default.
+        let key_field = match (self.default_key, self.keys.first()) {
+            (true, Some(k)) => k.path.as_str().to_string(),
+            _ => DEFAULT_KEY_FIELD.to_string(),
+        };
+        JobSettings {
+            source: source.to_string(),
+            window_ms: self.time.window_ms,
+            lateness_ms: self.time.lateness_ms,
+            key_field,
+            time_field: self.time_field.as_str().to_string(),
+            value_field: self.value_field.as_str().to_string(),
+            extra,
+        }
+    }
+
+    /// The predecessor's job: fields `key`, `event_time_ms` and `payload.value`, no idle timeout
+    /// (the tests' usual configuration).
+    #[cfg(test)]
+    pub(crate) fn for_tests(window_ms: i64, lateness_ms: i64) -> EngineConfig {
+        let p = |s: &str| crate::decode::FieldPath::parse(s).unwrap();
+        EngineConfig::with_defaults(
+            TimeSpec {
+                window_ms,
+                lateness_ms,
+                idle_timeout_ms: None,
+            },
+            p("key"),
+            p("event_time_ms"),
+            &p("payload.value"),
+        )
+    }
+}
+
+/// The settings a job's state only makes sense with; a run with other ones is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSettings {
+    pub source: String,
+    pub window_ms: i64,
+    pub lateness_ms: i64,
+    pub key_field: String,
+    pub time_field: String,
+    pub value_field: String,
+    /// Every other setting that differs from its default, by parameter name (window kind, hop,
+    /// keys, aggregates, time format, ...). A setting left at its default is absent, so a job
+    /// checkpointed before a setting existed keeps matching runs that leave it alone.
+    pub extra: BTreeMap<String, String>,
+}
+
+impl JobSettings {
+    /// The settings as (name, shown value) pairs, in a fixed order, for comparison.
+    fn entries(&self) -> Vec<(&str, String)> {
+        vec![
+            ("topic", format!("'{}'", self.source)),
+            ("window_ms", self.window_ms.to_string()),
+            ("lateness_ms", self.lateness_ms.to_string()),
+            ("key_field", format!("'{}'", self.key_field)),
+            ("time_field", format!("'{}'", self.time_field)),
+            ("value_field", format!("'{}'", self.value_field)),
+        ]
+    }
+
+    /// The first setting that differs, as (name, stored, requested).
+    pub fn first_difference(&self, requested: &JobSettings) -> Option<(String, String, String)> {
+        for ((name, a), (_, b)) in self.entries().into_iter().zip(requested.entries()) {
+            if a != b {
+                return Some((name.to_string(), a, b));
+            }
+        }
+        let names: std::collections::BTreeSet<&String> =
+            self.extra.keys().chain(requested.extra.keys()).collect();
+        for name in names {
+            let shown = |s: &JobSettings| {
+                s.extra
+                    .get(name)
+                    .cloned()
+                    .unwrap_or_else(|| "its default".to_string())
+            };
+            let (a, b) = (shown(self), shown(requested));
+            if a != b {
+                return Some((name.clone(), a, b));
+            }
+        }
+        None
+    }
+
+    /// The extra settings as stored (one `name=value` per line; values have no newlines).
+    pub fn extra_text(&self) -> String {
+        self.extra
+            .iter()
+            .map(|(k, v)| format!("{k}={}\n", v.replace('\n', " ")))
+            .collect()
+    }
+
+    pub fn parse_extra(text: &str) -> BTreeMap<String, String> {
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_differences_name_the_setting() {
+        let base = JobSettings {
+            source: "t".into(),
+            window_ms: 1000,
+            lateness_ms: 0,
+            key_field: "key".into(),
+            time_field: "ts".into(),
+            value_field: "v".into(),
+            extra: BTreeMap::new(),
+        };
+        assert_eq!(base.first_difference(&base.clone()), None);
+        let mut other = base.clone();
+        other.window_ms = 5;
+        assert_eq!(
+            base.first_difference(&other),
+            Some(("window_ms".into(), "1000".into(), "5".into()))
+        );
+        let mut hop = base.clone();
+        hop.extra.insert("hop_ms".into(), "500".into());
+        assert_eq!(
+            base.first_difference(&hop),
+            Some(("hop_ms".into(), "its default".into(), "500".into()))
+        );
+        assert_eq!(JobSettings::parse_extra(&hop.extra_text()), hop.extra);
+    }
+
+    #[test]
+    fn settings_are_derived_from_the_engine_config() {
+        let mut cfg = EngineConfig::for_tests(1000, 200);
+        let s = cfg.job_settings("t", BTreeMap::new());
+        assert_eq!(
+            (s.window_ms, s.lateness_ms, s.key_field.as_str()),
+            (1000, 200, "key")
+        );
+        assert_eq!(s.value_field, "payload.value");
+        assert!(s.extra.is_empty());
+        cfg.window = WindowKind::Hopping { hop_ms: 500 };
+        let s = cfg.job_settings("t", BTreeMap::from([("files".into(), "'rolling'".into())]));
+        assert_eq!(s.extra["hop_ms"], "500");
+        assert_eq!(s.extra["files"], "'rolling'");
+    }
+}
