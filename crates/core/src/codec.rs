@@ -10,23 +10,23 @@ pub(crate) struct Writer<'a>(pub &'a mut Vec<u8>);
 
 impl Writer<'_> {
     #[inline]
-    pub fn u8(&mut self, v: u8) {
+    pub(crate) fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
     #[inline]
-    pub fn u64(&mut self, v: u64) {
+    pub(crate) fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
     #[inline]
-    pub fn i64(&mut self, v: i64) {
+    pub(crate) fn i64(&mut self, v: i64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
     #[inline]
-    pub fn f64(&mut self, v: f64) {
+    pub(crate) fn f64(&mut self, v: f64) {
         self.0.extend_from_slice(&v.to_bits().to_le_bytes());
     }
     #[inline]
-    pub fn bytes(&mut self, b: &[u8]) {
+    pub(crate) fn bytes(&mut self, b: &[u8]) {
         self.u64(b.len() as u64);
         self.0.extend_from_slice(b);
     }
@@ -39,7 +39,7 @@ pub(crate) struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     #[inline]
-    pub fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
         let end = self
             .i
             .checked_add(n)
@@ -50,35 +50,35 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
     #[inline]
-    pub fn u8(&mut self) -> Result<u8, CodecError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, CodecError> {
         Ok(self.take(1)?[0])
     }
     #[inline]
-    pub fn u32(&mut self) -> Result<u32, CodecError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, CodecError> {
         let s = self.take(4)?;
         Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
     }
     #[inline]
-    pub fn u64(&mut self) -> Result<u64, CodecError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, CodecError> {
         let s = self.take(8)?;
         let mut a = [0u8; 8];
         a.copy_from_slice(s);
         Ok(u64::from_le_bytes(a))
     }
     #[inline]
-    pub fn i64(&mut self) -> Result<i64, CodecError> {
+    pub(crate) fn i64(&mut self) -> Result<i64, CodecError> {
         self.u64().map(|v| v as i64)
     }
     #[inline]
-    pub fn i32(&mut self) -> Result<i32, CodecError> {
+    pub(crate) fn i32(&mut self) -> Result<i32, CodecError> {
         i32::try_from(self.i64()?).map_err(|_| CodecError("partition out of range"))
     }
     #[inline]
-    pub fn f64(&mut self) -> Result<f64, CodecError> {
+    pub(crate) fn f64(&mut self) -> Result<f64, CodecError> {
         self.u64().map(f64::from_bits)
     }
     #[inline]
-    pub fn count(&mut self) -> Result<usize, CodecError> {
+    pub(crate) fn count(&mut self) -> Result<usize, CodecError> {
         let n = usize::try_from(self.u64()?).map_err(|_| CodecError("bad count"))?;
         // A count can never exceed the bytes left (every item takes at least one byte).
         if n > self.b.len().saturating_sub(self.i) {
@@ -87,16 +87,16 @@ impl<'a> Reader<'a> {
         Ok(n)
     }
     #[inline]
-    pub fn bytes(&mut self) -> Result<&'a [u8], CodecError> {
+    pub(crate) fn bytes(&mut self) -> Result<&'a [u8], CodecError> {
         let n = self.count()?;
         self.take(n)
     }
     #[inline]
-    pub fn string(&mut self) -> Result<String, CodecError> {
+    pub(crate) fn string(&mut self) -> Result<String, CodecError> {
         let b = self.bytes()?;
         String::from_utf8(b.to_vec()).map_err(|_| CodecError("invalid text"))
     }
-    pub fn end(&self) -> Result<(), CodecError> {
+    pub(crate) fn end(&self) -> Result<(), CodecError> {
         if self.i == self.b.len() {
             Ok(())
         } else {
