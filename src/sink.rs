@@ -30,8 +30,8 @@ pub const MARKER_TABLE: &str = "streaming_etl_batches";
 pub struct DuckSink {
     conn: PooledConn,
     mode: WriteMode,
-    /// The job's tables as parsed at bind time, and their SQL text (what the run names them by).
-    job_tables: (Tables, ByTable<TableName>),
+    /// The job's tables as parsed at bind time.
+    job_tables: ByTable<TableName>,
     /// Per set of tables: which have a primary key, and the marker table when one has not.
     prepared: HashMap<Tables, (ByTable<bool>, Option<String>)>,
 }
@@ -41,7 +41,7 @@ impl DuckSink {
         DuckSink {
             conn,
             mode,
-            job_tables: (tables.as_ref().map(TableName::sql), tables.clone()),
+            job_tables: tables.clone(),
             prepared: HashMap::new(),
         }
     }
@@ -49,8 +49,8 @@ impl DuckSink {
     /// The marker table beside the windows table (same catalog and schema: one transaction
     /// writes both).
     fn marker_table(&self, tables: &Tables) -> String {
-        let windows = if *tables == self.job_tables.0 {
-            self.job_tables.1.windows.clone()
+        let windows = if *tables == self.job_tables.as_ref().map(TableName::sql) {
+            self.job_tables.windows.clone()
         } else {
             // Tables of a batch an earlier run left in the outbox: their names as it stored
             // them, which were parsed and quoted when that run started.
