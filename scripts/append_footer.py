@@ -7,6 +7,7 @@ magic "4") followed by a 256-byte signature (zeros: unsigned). They are preceded
 WebAssembly custom-section header so the same layout works for WASM builds.
 
 usage: append_footer.py <input .so> <output .duckdb_extension> <platform> <extension version>
+                        [<C API version>, default v1.5.6]
 """
 import shutil
 import sys
@@ -23,11 +24,12 @@ def field(text: str) -> bytes:
 
 
 def main() -> None:
-    if len(sys.argv) != 5:
+    if len(sys.argv) not in (5, 6):
         raise SystemExit(__doc__)
-    src, dst, platform, version = sys.argv[1:]
+    src, dst, platform, version = sys.argv[1:5]
+    c_api = sys.argv[5] if len(sys.argv) == 6 else C_API_VERSION
     footer = b"\x00\x93\x04\x10" + b"duckdb_signature" + b"\x80\x04"
-    for text in ("", "", "", ABI_TYPE, version, C_API_VERSION, platform, "4"):
+    for text in ("", "", "", ABI_TYPE, version, c_api, platform, "4"):
         footer += field(text)
     footer += b"\0" * 256
     assert len(footer) == 534

@@ -1,8 +1,11 @@
 //! The arguments of a table-function call, copied out of DuckDB at bind time into plain values
 //! ([`Arg`]) behind a small trait, so that parameter parsing is tested without DuckDB.
 
+#[cfg(not(feature = "capi-v1-2"))]
 use duckdb::core::LogicalTypeId;
-use duckdb::vtab::{BindInfo, Value};
+use duckdb::vtab::BindInfo;
+#[cfg(not(feature = "capi-v1-2"))]
+use duckdb::vtab::Value;
 
 /// An argument value.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +51,7 @@ pub fn shown(a: &Arg) -> String {
     }
 }
 
+#[cfg(not(feature = "capi-v1-2"))]
 fn arg_of(v: &Value) -> Arg {
     if v.is_null() {
         return Arg::Null;
@@ -83,51 +87,81 @@ pub fn parse_map_text(text: &str) -> Option<Vec<(Arg, Arg)>> {
     let chars: Vec<char> = inner.chars().collect();
     let mut i = 0;
     let mut out = Vec::new();
-    let token = |i: &mut usize, stop: &[char]| -> Option<Arg> {
-        if chars.get(*i) == Some(&'\'') {
-            *i += 1;
-            let mut s = String::new();
-            loop {
-                match chars.get(*i)? {
-                    '\\' => {
-                        s.push(*chars.get(*i + 1)?);
-                        *i += 2;
-                    }
-                    '\'' => {
-                        *i += 1;
-                        return Some(Arg::Text(s));
-                    }
-                    c => {
-                        s.push(*c);
-                        *i += 1;
-                    }
-                }
-            }
-        }
-        let start = *i;
-        while *i < chars.len() && !stop.contains(&chars[*i]) {
-            *i += 1;
-        }
-        let s: String = chars[start..*i].iter().collect();
-        Some(if s == "NULL" { Arg::Null } else { Arg::Text(s) })
-    };
     while i < chars.len() {
-        let k = token(&mut i, &['='])?;
+        let k = text_token(&chars, &mut i, &['='])?;
         if chars.get(i) != Some(&'=') {
             return None;
         }
         i += 1;
-        let v = token(&mut i, &[','])?;
+        let v = text_token(&chars, &mut i, &[','])?;
         out.push((k, v));
-        match (chars.get(i), chars.get(i + 1)) {
-            (None, _) => break,
-            (Some(','), Some(' ')) => i += 2,
-            _ => return None,
+        if !next_item(&chars, &mut i)? {
+            break;
         }
     }
     Some(out)
 }
 
+/// Parses DuckDB's text form of a list (`[a, 'b, c', NULL]`), quoted as a MAP's entries are;
+/// the items are text (or NULL), for the caller to read by the list's type.
+#[cfg_attr(not(feature = "capi-v1-2"), allow(dead_code))]
+pub fn parse_list_text(text: &str) -> Option<Vec<Arg>> {
+    let inner = text.strip_prefix('[')?.strip_suffix(']')?;
+    let chars: Vec<char> = inner.chars().collect();
+    let mut i = 0;
+    let mut out = Vec::new();
+    while i < chars.len() {
+        out.push(text_token(&chars, &mut i, &[','])?);
+        if !next_item(&chars, &mut i)? {
+            break;
+        }
+    }
+    Some(out)
+}
+
+/// One key, value or item of DuckDB's text form, up to a `stop` character.
+fn text_token(chars: &[char], i: &mut usize, stop: &[char]) -> Option<Arg> {
+    if chars.get(*i) == Some(&'\'') {
+        *i += 1;
+        let mut s = String::new();
+        loop {
+            match chars.get(*i)? {
+                '\\' => {
+                    s.push(*chars.get(*i + 1)?);
+                    *i += 2;
+                }
+                '\'' => {
+                    *i += 1;
+                    return Some(Arg::Text(s));
+                }
+                c => {
+                    s.push(*c);
+                    *i += 1;
+                }
+            }
+        }
+    }
+    let start = *i;
+    while *i < chars.len() && !stop.contains(&chars[*i]) {
+        *i += 1;
+    }
+    let s: String = chars[start..*i].iter().collect();
+    Some(if s == "NULL" { Arg::Null } else { Arg::Text(s) })
+}
+
+/// Steps over the `, ` between items: Some(true) when another follows, Some(false) at the end.
+fn next_item(chars: &[char], i: &mut usize) -> Option<bool> {
+    match (chars.get(*i), chars.get(*i + 1)) {
+        (None, _) => Some(false),
+        (Some(','), Some(' ')) => {
+            *i += 2;
+            Some(true)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(not(feature = "capi-v1-2"))]
 impl Args for BindInfo {
     fn positional(&self, idx: usize) -> Option<Arg> {
         if idx as u64 >= self.get_parameter_count() {
@@ -142,6 +176,81 @@ impl Args for BindInfo {
 
     fn setting(&self, name: &str) -> Option<Arg> {
         self.get_config_option(name).map(|v| arg_of(&v))
+    }
+}
+
+/// DuckDB 1.4's `Value` (duckdb-rs 1.4) shows a value only as text (DuckDB's cast to VARCHAR)
+/// or as an integer. DuckDB has already cast every argument to its declared type, so the text is
+/// read back by that type (NULL was told apart before: see `entry::is_null_value`).
+#[cfg(feature = "capi-v1-2")]
+fn arg_of_value(v: &duckdb::vtab::Value, ty: crate::params::ParamType) -> Arg {
+    if crate::entry::is_null_value(v) {
+        return Arg::Null;
+    }
+    arg_of_text(v.to_string(), ty)
+}
+
+#[cfg(feature = "capi-v1-2")]
+pub fn arg_of_text(text: String, ty: crate::params::ParamType) -> Arg {
+    use crate::params::ParamType;
+    match ty {
+        ParamType::Varchar => Arg::Text(text),
+        ParamType::BigInt => text.parse().map_or(Arg::Text(text), Arg::Int),
+        ParamType::Boolean => match text.as_str() {
+            "true" => Arg::Bool(true),
+            "false" => Arg::Bool(false),
+            _ => Arg::Text(text),
+        },
+        ParamType::IntegerList | ParamType::VarcharList => {
+            let item = if ty == ParamType::IntegerList {
+                ParamType::BigInt
+            } else {
+                ParamType::Varchar
+            };
+            match parse_list_text(&text) {
+                Some(items) => Arg::List(
+                    items
+                        .into_iter()
+                        .map(|a| match a {
+                            Arg::Text(t) => arg_of_text(t, item),
+                            other => other,
+                        })
+                        .collect(),
+                ),
+                None => Arg::Text(text),
+            }
+        }
+        ParamType::VarcharMap => match parse_map_text(&text) {
+            Some(entries) => Arg::Map(entries),
+            None => Arg::Text(text),
+        },
+    }
+}
+
+#[cfg(feature = "capi-v1-2")]
+impl Args for BindInfo {
+    fn positional(&self, idx: usize) -> Option<Arg> {
+        if idx as u64 >= self.get_parameter_count() {
+            return None;
+        }
+        let ty = *crate::params::RUN_POSITIONAL.get(idx)?;
+        Some(arg_of_value(&self.get_parameter(idx as u64), ty))
+    }
+
+    fn named(&self, name: &str) -> Option<Arg> {
+        let ty = crate::params::param_type(name)?;
+        self.get_named_parameter(name).map(|v| arg_of_value(&v, ty))
+    }
+
+    /// DuckDB 1.4 has no C API for settings: the extension's own are not registered (their
+    /// named parameters stand in), and DuckDB's are read on the extension's own connection,
+    /// which shares the database's global settings (the sandbox's are global).
+    fn setting(&self, name: &str) -> Option<Arg> {
+        if crate::params::SETTINGS.iter().any(|s| s.name == name) {
+            return None;
+        }
+        let host = crate::entry::bind_host(self)?;
+        host.global_setting(name)
     }
 }
 
@@ -177,5 +286,19 @@ mod tests {
         assert!(parse_map_text("{a}").is_none());
         assert!(parse_map_text("{a='x}").is_none());
         assert!(parse_map_text("nope").is_none());
+    }
+
+    #[test]
+    fn list_text_is_parsed_back_exactly() {
+        // What DuckDB 1.4 and 2.0 print for ['a, b', 'c', NULL, 'NULL', '', 'it''s'].
+        let got = parse_list_text(r"['a, b', c, NULL, 'NULL', '', 'it\'s']").unwrap();
+        assert_eq!(
+            got,
+            vec![t("a, b"), t("c"), Arg::Null, t("NULL"), t(""), t("it's")]
+        );
+        assert_eq!(parse_list_text("[1, 2]").unwrap(), vec![t("1"), t("2")]);
+        assert_eq!(parse_list_text("[]").unwrap(), vec![]);
+        assert!(parse_list_text("[a,b]").is_none());
+        assert!(parse_list_text("{a=b}").is_none());
     }
 }

@@ -64,7 +64,16 @@ impl VTab for BatchFunction {
 
     fn bind(bind: &BindInfo) -> Result<Arc<Rows>, Box<dyn Error>> {
         Ok(contained(|| {
-            let id = bind.get_parameter(0).to_int64();
+            let value = bind.get_parameter(0);
+            // (DuckDB 1.4 throws on reading a NULL as an integer.)
+            #[cfg(feature = "capi-v1-2")]
+            let id = if crate::entry::is_null_value(&value) {
+                -1
+            } else {
+                value.to_int64()
+            };
+            #[cfg(not(feature = "capi-v1-2"))]
+            let id = value.to_int64();
             let rows = u64::try_from(id).ok().and_then(lent).ok_or_else(|| {
                 EtlError::InvalidParameter {
                     name: "id",

@@ -14,10 +14,15 @@ use duckdb::ffi;
 use duckdb::vtab::{BindInfo, TableFunctionInfo, VTab};
 
 use crate::host::Host;
+#[cfg(not(feature = "capi-v1-2"))]
 use crate::params::Setting;
 
-/// The C API version the extension asks DuckDB for (see the README: it loads in 1.5.6+).
+/// The C API version the extension asks DuckDB for: this build loads in 1.5.6 and later.
+#[cfg(not(feature = "capi-v1-2"))]
 pub const C_API_VERSION: &str = "v1.5.6";
+/// The C API version of the DuckDB 1.4 build (`lts/`), which 1.4.x loads.
+#[cfg(feature = "capi-v1-2")]
+pub const C_API_VERSION: &str = "v1.2.0";
 
 /// Turns a panic payload into text for an error message.
 pub fn panic_message(payload: Box<dyn Any + Send>) -> String {
@@ -85,14 +90,21 @@ unsafe fn init(
     // SAFETY: non-null and valid during the load.
     let db = unsafe { *db_ptr };
     // SAFETY: `db` is the live database of this load.
-    unsafe { register_settings(db, crate::params::SETTINGS)? };
+    #[cfg(not(feature = "capi-v1-2"))]
+    unsafe {
+        register_settings(db, crate::params::SETTINGS)?
+    };
+    #[cfg(feature = "capi-v1-2")]
+    check_value_handles()?;
     // SAFETY: as above; the connection does not close the database when dropped.
     let conn = unsafe { duckdb::Connection::open_from_raw(db) }
         .map_err(|e| format!("streaming_etl: {e}"))?;
     crate::load(conn).map(|()| true)
 }
 
-/// Registers VARCHAR settings (`SET name = '...'`). Missing in `duckdb`: config options.
+/// Registers VARCHAR settings (`SET name = '...'`). Missing in `duckdb`: config options. (C API
+/// v1.2.0, the DuckDB 1.4 build's, has none: there the named parameters stand in.)
+#[cfg(not(feature = "capi-v1-2"))]
 unsafe fn register_settings(db: ffi::duckdb_database, settings: &[Setting]) -> Result<(), String> {
     let mut con: ffi::duckdb_connection = std::ptr::null_mut();
     // SAFETY: `db` is valid during the load; `con` is an out-parameter.
@@ -145,4 +157,40 @@ pub fn bind_host(bind: &BindInfo) -> Option<Arc<Host>> {
 pub fn func_host<T: VTab>(func: &TableFunctionInfo<T>) -> Option<Arc<Host>> {
     // SAFETY: as in `bind_host`.
     unsafe { func.get_extra_info::<Arc<Host>>().as_ref().cloned() }
+}
+
+/// The DuckDB 1.4 build's raw handle of a `Value`. Missing in duckdb-rs 1.4: any way to tell a
+/// NULL value, whose `to_string` or `to_int64` makes DuckDB throw a C++ exception (which aborts
+/// the process). Its derived `Debug` shows the handle, which [`check_value_handles`] proves at
+/// load time to read back exactly; nothing assumes the struct's layout.
+#[cfg(feature = "capi-v1-2")]
+fn raw_value(v: &duckdb::vtab::Value) -> Option<ffi::duckdb_value> {
+    let text = format!("{v:?}");
+    let hex = text.strip_prefix("Value { ptr: 0x")?.strip_suffix(" }")?;
+    let addr = usize::from_str_radix(hex, 16).ok()?;
+    Some(std::ptr::with_exposed_provenance_mut(addr))
+}
+
+/// Whether an argument is SQL NULL (DuckDB 1.4 build). A handle that cannot be read counts as
+/// NULL: a wrong "must not be NULL" is better than reading one.
+#[cfg(feature = "capi-v1-2")]
+pub fn is_null_value(v: &duckdb::vtab::Value) -> bool {
+    match raw_value(v) {
+        // SAFETY: the live handle `v` owns (it reads back exactly: checked at load).
+        Some(raw) if !raw.is_null() => unsafe { ffi::duckdb_is_null_value(raw) },
+        _ => true,
+    }
+}
+
+/// Proves at load time that [`raw_value`] returns the handle a `Value` was made from.
+#[cfg(feature = "capi-v1-2")]
+fn check_value_handles() -> Result<(), String> {
+    // SAFETY: creates a value that the `Value` below owns and destroys.
+    let raw = unsafe { ffi::duckdb_create_int64(7) };
+    let value = duckdb::vtab::Value::from(raw);
+    if raw_value(&value) == Some(raw) {
+        Ok(())
+    } else {
+        Err("streaming_etl (DuckDB 1.4 build): cannot read argument handles".into())
+    }
 }

@@ -200,6 +200,30 @@ impl Host {
         }
     }
 
+    /// A global DuckDB setting as the extension's own connection sees it (the DuckDB 1.4 build,
+    /// whose C API cannot read a caller's settings; the sandbox's settings are global).
+    #[cfg(feature = "capi-v1-2")]
+    pub fn global_setting(self: &Arc<Self>, name: &str) -> Option<crate::args::Arg> {
+        use crate::params::ParamType;
+        let pooled = self.checkout().ok()?;
+        let (ty, text) = pooled
+            .conn()
+            .ok()?
+            .query_row(
+                "SELECT typeof(current_setting(?)), current_setting(?)::VARCHAR",
+                duckdb::params![name, name],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)),
+            )
+            .ok()?;
+        let ty = match ty.as_str() {
+            "BOOLEAN" => ParamType::Boolean,
+            "VARCHAR[]" => ParamType::VarcharList,
+            "BIGINT" | "INTEGER" | "UBIGINT" => ParamType::BigInt,
+            _ => ParamType::Varchar,
+        };
+        Some(crate::args::arg_of_text(text?, ty))
+    }
+
     /// The in-memory checkpoint of this (in-memory) database, created on first use.
     pub fn memory_checkpoint(&self) -> Result<Checkpoint> {
         let mut slot = lock(&self.memory_checkpoint);

@@ -9,6 +9,7 @@
 
 mod args;
 mod batch_function;
+mod catalog;
 mod checkpoint_function;
 mod entry;
 mod host;
@@ -70,23 +71,25 @@ pub(crate) fn load(conn: Connection) -> Result<(), String> {
 
 /// The DuckDB types of a function's named parameters.
 pub(crate) fn named_parameters(params: &[Param]) -> Vec<(String, LogicalTypeHandle)> {
-    let t = LogicalTypeHandle::from;
     params
         .iter()
-        .map(|p| {
-            let ty = match p.ty {
-                ParamType::Varchar => t(LogicalTypeId::Varchar),
-                ParamType::BigInt => t(LogicalTypeId::Bigint),
-                ParamType::Boolean => t(LogicalTypeId::Boolean),
-                ParamType::IntegerList => LogicalTypeHandle::list(&t(LogicalTypeId::Integer)),
-                ParamType::VarcharList => LogicalTypeHandle::list(&t(LogicalTypeId::Varchar)),
-                ParamType::VarcharMap => {
-                    LogicalTypeHandle::map(&t(LogicalTypeId::Varchar), &t(LogicalTypeId::Varchar))
-                }
-            };
-            (p.name.to_string(), ty)
-        })
+        .map(|p| (p.name.to_string(), logical_type(p.ty)))
         .collect()
+}
+
+/// The DuckDB type of a parameter.
+pub(crate) fn logical_type(ty: ParamType) -> LogicalTypeHandle {
+    let t = LogicalTypeHandle::from;
+    match ty {
+        ParamType::Varchar => t(LogicalTypeId::Varchar),
+        ParamType::BigInt => t(LogicalTypeId::Bigint),
+        ParamType::Boolean => t(LogicalTypeId::Boolean),
+        ParamType::IntegerList => LogicalTypeHandle::list(&t(LogicalTypeId::Integer)),
+        ParamType::VarcharList => LogicalTypeHandle::list(&t(LogicalTypeId::Varchar)),
+        ParamType::VarcharMap => {
+            LogicalTypeHandle::map(&t(LogicalTypeId::Varchar), &t(LogicalTypeId::Varchar))
+        }
+    }
 }
 
 /// An error as the SQL statement reports it.

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::error::Error;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use duckdb::core::{DataChunkHandle, LogicalTypeHandle, LogicalTypeId};
+use duckdb::core::{DataChunkHandle, LogicalTypeHandle};
 use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
 use streaming_etl_core::{
     Cell, ColumnType, EtlError, FileOptions, FileSource, PartitionState, Result, Source,
@@ -19,6 +19,7 @@ use streaming_etl_runtime::config::CheckpointLocation;
 use streaming_etl_runtime::job::{Run, RunEnv, RunStats, SourceOpener};
 use streaming_etl_runtime::lock::JobLock;
 
+use crate::catalog::OutputCatalog;
 use crate::host::Host;
 use crate::params::{parse_run, RunPlan, SourceSpec, Start, RUN_PARAMS};
 use crate::result::{add_columns, write_row, ResultColumn};
@@ -98,6 +99,8 @@ pub struct RunFunction;
 
 pub struct RunBind {
     plan: Arc<RunPlan>,
+    /// The catalog the output tables are in.
+    catalog: OutputCatalog,
 }
 
 enum State {
@@ -113,7 +116,7 @@ pub struct RunInit {
 /// Opens what a run needs, in an order that never leaves a half-started job behind: the job's
 /// lock first, then its checkpoint, then one of the extension's connections (waiting while all
 /// are in use); the source opens inside `Run::start`, once the checkpoint says where to resume.
-fn start(plan: &RunPlan, host: &Arc<Host>) -> Result<Run> {
+fn start(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Result<Run> {
     let job = &plan.job;
     let (lock, checkpoint) = match &job.checkpoint {
         CheckpointLocation::File(path) => {
@@ -125,7 +128,13 @@ fn start(plan: &RunPlan, host: &Arc<Host>) -> Result<Run> {
             host.memory_checkpoint()?,
         ),
     };
-    let sink = DuckSink::new(host.checkout()?, plan.write_mode, &plan.tables);
+    let sink = DuckSink::new(
+        host.checkout()?,
+        plan.write_mode,
+        &plan.tables,
+        catalog.clone(),
+        plan.compaction,
+    );
     Run::start(
         Arc::new(job.clone()),
         RunEnv {
@@ -171,6 +180,26 @@ fn source_opener(plan: &RunPlan) -> SourceOpener {
     })
 }
 
+/// The one catalog of the run's output tables (checked at bind time: a cycle commits in one
+/// transaction, which writes one catalog), and that compaction asks for a DuckLake.
+fn output_catalog(host: &Arc<Host>, plan: &RunPlan) -> Result<OutputCatalog> {
+    let pooled = host.checkout()?;
+    let catalog = crate::catalog::resolve(pooled.conn()?, &plan.tables)?;
+    if let Some(c) = &plan.compaction {
+        if !catalog.is_ducklake() {
+            return Err(EtlError::invalid(
+                "compact_every",
+                format!(
+                    "compacts a DuckLake, but the output tables are in catalog '{}' of type {}",
+                    catalog.name, catalog.kind
+                ),
+                c.every,
+            ));
+        }
+    }
+    Ok(catalog)
+}
+
 impl VTab for RunFunction {
     type InitData = RunInit;
     type BindData = RunBind;
@@ -182,8 +211,10 @@ impl VTab for RunFunction {
             host.touch();
             let plan = parse_run(bind, host.db_path())?;
             add_columns(bind, RUN_COLUMNS);
+            let catalog = output_catalog(&host, &plan)?;
             Ok(RunBind {
                 plan: Arc::new(plan),
+                catalog,
             })
         })?)
     }
@@ -209,7 +240,8 @@ impl VTab for RunFunction {
                 let host = entry::func_host(func).ok_or(EtlError::Detached)?;
                 // A failed start leaves nothing running; the error ends the statement.
                 *state = State::Done;
-                *state = State::Running(Box::new(start(&func.get_bind_data().plan, &host)?));
+                let bound = func.get_bind_data();
+                *state = State::Running(Box::new(start(&bound.plan, &bound.catalog, &host)?));
             }
             let State::Running(run) = &mut *state else {
                 output.set_len(0);
@@ -234,11 +266,12 @@ impl VTab for RunFunction {
     }
 
     fn parameters() -> Option<Vec<LogicalTypeHandle>> {
-        Some(vec![
-            LogicalTypeHandle::from(LogicalTypeId::Varchar),
-            LogicalTypeHandle::from(LogicalTypeId::Bigint),
-            LogicalTypeHandle::from(LogicalTypeId::Bigint),
-        ])
+        Some(
+            crate::params::RUN_POSITIONAL
+                .iter()
+                .map(|&ty| crate::logical_type(ty))
+                .collect(),
+        )
     }
 
     fn named_parameters() -> Option<Vec<(String, LogicalTypeHandle)>> {

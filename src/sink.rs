@@ -12,36 +12,69 @@
 //! `append` mode (and any table the user created without a key): no index to maintain; the
 //! batch's number is written to a marker table in the same transaction, so a replay of a batch
 //! that was applied finds its marker and is skipped.
+//!
+//! Catalogs without keys (DuckLake): `upsert` is a `MERGE` on the key columns, the marker table
+//! is appended to (never deleted from), a commit that conflicts with another writer is retried a
+//! bounded number of times, and `compact_every` merges the lake's small files now and then.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use duckdb::Connection;
 use streaming_etl_core::{ByTable, EtlError, OutputSchemas, Result, Rows, TableSchema};
 use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
 
 use crate::batch_function::{self, Lent};
+use crate::catalog::OutputCatalog;
 use crate::host::PooledConn;
-use crate::params::{quote_ident, TableName, WriteMode};
+use crate::params::{quote_ident, Compaction, TableName, WriteMode};
 
 /// The table that records, per job, the last batch applied to tables without a primary key.
 pub const MARKER_TABLE: &str = "streaming_etl_batches";
+
+/// Commits that conflict with another writer's (a DuckLake's optimistic concurrency) are tried
+/// this many times in all, waiting 20 ms, 40 ms, ... up to 1 s in between.
+pub const COMMIT_ATTEMPTS: u32 = 8;
+
+/// How a table takes a batch's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Keys {
+    /// No key: appended (a marker table records the batch).
+    #[default]
+    None,
+    /// A primary key (DuckDB's storage): `INSERT OR REPLACE` where rows may exist.
+    Primary,
+    /// Key columns without an index (a catalog without keys): `MERGE` on them.
+    Merge,
+}
 
 pub struct DuckSink {
     conn: PooledConn,
     mode: WriteMode,
     /// The job's tables as parsed at bind time.
     job_tables: ByTable<TableName>,
-    /// Per set of tables: which have a primary key, and the marker table when one has not.
-    prepared: HashMap<Tables, (ByTable<bool>, Option<String>)>,
+    /// The catalog they are in (resolved at bind time).
+    catalog: OutputCatalog,
+    compaction: Option<Compaction>,
+    /// Per set of tables: how each takes rows, and the marker table when one has no key.
+    prepared: HashMap<Tables, (ByTable<Keys>, Option<String>)>,
 }
 
 impl DuckSink {
-    pub fn new(conn: PooledConn, mode: WriteMode, tables: &ByTable<TableName>) -> DuckSink {
+    pub fn new(
+        conn: PooledConn,
+        mode: WriteMode,
+        tables: &ByTable<TableName>,
+        catalog: OutputCatalog,
+        compaction: Option<Compaction>,
+    ) -> DuckSink {
         DuckSink {
             conn,
             mode,
             job_tables: tables.clone(),
+            catalog,
+            compaction,
             prepared: HashMap::new(),
         }
     }
@@ -91,13 +124,16 @@ fn column_list(schema: &TableSchema) -> String {
 }
 
 /// Makes sure `table` exists and has every column of `schema`; returns whether it has a primary
-/// key (a table the user created without one is appended to, whatever the mode).
-fn ensure_table(conn: &Connection, table: &str, schema: &TableSchema) -> Result<bool> {
-    conn.execute_batch(&format!(
-        "CREATE TABLE IF NOT EXISTS {table} ({})",
+/// key (a table the user created without one is appended to, whatever the mode). `keys`: whether
+/// the catalog has primary keys (the table is created without one where it has not).
+fn ensure_table(conn: &Connection, table: &str, schema: &TableSchema, keys: bool) -> Result<bool> {
+    let declared = if keys {
         ddl_columns(schema)
-    ))
-    .map_err(|e| sink_error(table, e))?;
+    } else {
+        ddl_columns(&schema.without_key())
+    };
+    conn.execute_batch(&format!("CREATE TABLE IF NOT EXISTS {table} ({declared})"))
+        .map_err(|e| sink_error(table, e))?;
     let mut stmt = conn
         .prepare(&format!("SELECT column_name, key FROM (DESCRIBE {table})"))
         .map_err(|e| sink_error(table, e))?;
@@ -126,44 +162,97 @@ fn ensure_table(conn: &Connection, table: &str, schema: &TableSchema) -> Result<
     Ok(have.iter().any(|(_, k)| k.as_deref() == Some("PRI")))
 }
 
+/// How one write meets a table's existing rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Insert,
+    /// Rows whose primary key exists replace them.
+    Replace,
+    /// Rows whose key columns match replace them (no index: a `MERGE`).
+    Merge,
+}
+
 /// Writes `rows` into `table` (its columns named, so a table with more columns works) with one
-/// `INSERT ... SELECT` from [`batch_function`](crate::batch_function): DuckDB takes the rows a
-/// vector at a time. `replace`: rows whose primary key exists replace them.
+/// statement reading [`batch_function`](crate::batch_function): DuckDB takes the rows a vector
+/// at a time.
 fn insert(
     conn: &Connection,
     table: &str,
     schema: &TableSchema,
     rows: &Rows,
-    replace: bool,
+    verb: Verb,
 ) -> Result<()> {
     if rows.is_empty() {
         return Ok(());
     }
     let lent = Lent::new(Arc::new(rows.clone()));
-    let verb = if replace && !schema.primary_key.is_empty() {
-        "INSERT OR REPLACE"
-    } else {
-        "INSERT"
+    // Qualified: a macro of the same name in the user's schema cannot stand in for it.
+    let batch = format!("system.main.{}({})", batch_function::NAME, lent.id);
+    let sql = match verb {
+        Verb::Insert | Verb::Replace => format!(
+            "{} INTO {table} ({}) SELECT * FROM {batch}",
+            if verb == Verb::Replace {
+                "INSERT OR REPLACE"
+            } else {
+                "INSERT"
+            },
+            column_list(schema),
+        ),
+        Verb::Merge => merge_sql(table, schema, &batch),
     };
-    conn.execute_batch(&format!(
-        // Qualified: a macro of the same name in the user's schema cannot stand in for it.
-        "{verb} INTO {table} ({}) SELECT * FROM system.main.{}({})",
+    conn.execute_batch(&sql).map_err(|e| sink_error(table, e))
+}
+
+/// `MERGE INTO` on the schema's key columns (NULL keys match NULL, as a key's equality does);
+/// the batch function's columns are `c0, c1, ...` in the schema's order.
+fn merge_sql(table: &str, schema: &TableSchema, batch: &str) -> String {
+    let col = |i: usize| format!("s.c{i}");
+    let mut on = Vec::new();
+    let mut set = Vec::new();
+    for (i, c) in schema.columns.iter().enumerate() {
+        let name = quote_ident(&c.name);
+        if schema.primary_key.iter().any(|k| k == &c.name) {
+            on.push(format!("t.{name} IS NOT DISTINCT FROM {}", col(i)));
+        } else {
+            set.push(format!("{name} = {}", col(i)));
+        }
+    }
+    let values: Vec<String> = (0..schema.columns.len()).map(col).collect();
+    let matched = if set.is_empty() {
+        String::new()
+    } else {
+        format!(" WHEN MATCHED THEN UPDATE SET {}", set.join(", "))
+    };
+    format!(
+        "MERGE INTO {table} AS t USING (SELECT * FROM {batch}) AS s ON ({}){matched} WHEN NOT MATCHED THEN INSERT ({}) VALUES ({})",
+        on.join(" AND "),
         column_list(schema),
-        batch_function::NAME,
-        lent.id
-    ))
-    .map_err(|e| sink_error(table, e))
+        values.join(", ")
+    )
 }
 
 /// How a batch meets its tables.
 struct WritePlan<'a> {
-    /// Whether each table has a primary key.
-    keyed: ByTable<bool>,
-    /// A keyed table takes the batch by appending (its rows cannot exist yet) rather than by
-    /// upserting.
+    /// How each table takes rows.
+    keys: ByTable<Keys>,
+    /// A table with a primary key takes the batch by appending (its rows cannot exist yet)
+    /// rather than by upserting.
     append_keyed: bool,
     /// The marker table that records the batch, when a table without a key takes part.
     marker: Option<&'a str>,
+    /// Whether the marker table keeps one row per job (DuckDB's storage) or is appended to.
+    prune_marker: bool,
+}
+
+impl WritePlan<'_> {
+    fn verb(&self, keys: Keys) -> Verb {
+        match keys {
+            Keys::None => Verb::Insert,
+            Keys::Primary if self.append_keyed => Verb::Insert,
+            Keys::Primary => Verb::Replace,
+            Keys::Merge => Verb::Merge,
+        }
+    }
 }
 
 /// Writes the batch's three tables, and its marker, in one transaction.
@@ -172,22 +261,23 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
         .map_err(|e| EtlError::Duck(e.to_string()))?;
     let result = (|| {
         let parts = out.tables.as_ref().zip(out.schemas.as_ref());
-        for (((table, schema), rows), keyed) in parts.zip(out.batch.as_ref()).zip(plan.keyed) {
-            insert(conn, table, schema, rows, keyed && !plan.append_keyed)?;
+        for (((table, schema), rows), keys) in parts.zip(out.batch.as_ref()).zip(plan.keys) {
+            insert(conn, table, schema, rows, plan.verb(keys))?;
         }
         if let Some(marker) = plan.marker {
             // Batches are applied in order, each one only once the ones before it are
             // confirmed: the job's latest marker is the only one a replay can need.
-            conn.execute(
-                &format!("DELETE FROM {marker} WHERE job = ?"),
-                duckdb::params![out.job],
-            )
-            .and_then(|_| {
+            if plan.prune_marker {
                 conn.execute(
-                    &format!("INSERT INTO {marker} VALUES (?, ?, ?, epoch_ms(now()))"),
-                    duckdb::params![out.job, out.job_created_ms, out.seq],
+                    &format!("DELETE FROM {marker} WHERE job = ?"),
+                    duckdb::params![out.job],
                 )
-            })
+                .map_err(|e| sink_error(marker, e))?;
+            }
+            conn.execute(
+                &format!("INSERT INTO {marker} VALUES (?, ?, ?, epoch_ms(now()))"),
+                duckdb::params![out.job, out.job_created_ms, out.seq],
+            )
             .map_err(|e| sink_error(marker, e))?;
         }
         streaming_etl_runtime::fault::crash_point("sink-before-commit");
@@ -213,26 +303,97 @@ fn applied(conn: &Connection, marker: &str, out: &Output<'_>) -> Result<bool> {
     .map_err(|e| sink_error(marker, e))
 }
 
+/// Whether a failed write lost a race with another writer's commit (DuckLake: "Transaction
+/// conflict - ..."; DuckDB: "Conflict on update"), so that trying again can succeed.
+fn is_conflict(e: &EtlError) -> bool {
+    e.to_string().to_ascii_lowercase().contains("conflict")
+}
+
+/// Tries `write` up to [`COMMIT_ATTEMPTS`] times while it fails on a conflict.
+fn with_retry(table: &str, mut write: impl FnMut() -> Result<()>) -> Result<()> {
+    let mut wait = Duration::from_millis(20);
+    for attempt in 1.. {
+        match write() {
+            Err(e) if is_conflict(&e) && attempt < COMMIT_ATTEMPTS => {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_secs(1));
+            }
+            Err(e) if is_conflict(&e) => {
+                return Err(sink_error(
+                    table,
+                    format!("the commit conflicted with other writers {COMMIT_ATTEMPTS} times in a row; nothing of this cycle was written, and the next run resumes it (last error: {e})"),
+                ))
+            }
+            other => return other,
+        }
+    }
+    Ok(())
+}
+
+/// DuckLake's own maintenance: merges the small files of the job's tables, expires snapshots
+/// older than the retention and deletes the files no snapshot needs any more.
+fn compact(conn: &Connection, catalog: &str, tables: &Tables, retain_ms: i64) -> Result<()> {
+    let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let mut sql = String::new();
+    for table in tables.iter() {
+        let name = TableName::parse(table).unwrap_or(TableName { parts: Vec::new() });
+        let Some(bare) = name.parts.last() else {
+            continue;
+        };
+        let schema = match name.parts.as_slice() {
+            [_, s, _] => s.clone(),
+            [s, _] if !s.eq_ignore_ascii_case(catalog) => s.clone(),
+            _ => "main".to_string(),
+        };
+        sql += &format!(
+            "CALL ducklake_merge_adjacent_files({}, {}, schema => {});\n",
+            lit(catalog),
+            lit(bare),
+            lit(&schema)
+        );
+    }
+    let before = format!("now() - INTERVAL {} MILLISECOND", retain_ms.max(0));
+    sql += &format!(
+        "CALL ducklake_expire_snapshots({}, older_than => {before});\nCALL ducklake_cleanup_old_files({}, older_than => {before});",
+        lit(catalog),
+        lit(catalog)
+    );
+    conn.execute_batch(&sql).map_err(|e| {
+        sink_error(
+            &tables.windows,
+            format!("compacting DuckLake '{catalog}': {e}"),
+        )
+    })
+}
+
 impl OutputSink for DuckSink {
     fn prepare(&mut self, tables: &Tables, schemas: &OutputSchemas) -> Result<()> {
         let conn = self.conn.conn()?;
-        let mut keyed = ByTable::<bool>::default();
-        for ((table, schema), has_key) in tables.as_ref().zip(schemas.as_ref()).zip(keyed.as_mut())
-        {
+        let catalog_keys = self.catalog.has_keys();
+        let mut keys = ByTable::<Keys>::default();
+        for ((table, schema), k) in tables.as_ref().zip(schemas.as_ref()).zip(keys.as_mut()) {
             let declared = match self.mode {
                 WriteMode::Upsert => schema.clone(),
                 WriteMode::Append => schema.without_key(),
             };
-            *has_key = ensure_table(conn, table, &declared)?;
+            let primary = ensure_table(conn, table, &declared, catalog_keys)?;
+            *k = match (primary, self.mode) {
+                (true, _) => Keys::Primary,
+                (false, WriteMode::Upsert) if !catalog_keys => Keys::Merge,
+                _ => Keys::None,
+            };
         }
-        let marker = (!keyed.iter().all(|&k| k)).then(|| self.marker_table(tables));
+        let marker = keys
+            .iter()
+            .any(|&k| k == Keys::None)
+            .then(|| self.marker_table(tables));
         if let Some(m) = &marker {
             conn.execute_batch(&format!(
                 "CREATE TABLE IF NOT EXISTS {m} (job VARCHAR, job_created_ms BIGINT, seq BIGINT, applied_ms BIGINT)"
             ))
             .map_err(|e| sink_error(m, e))?;
         }
-        self.prepared.insert(tables.clone(), (keyed, marker));
+        self.prepared.insert(tables.clone(), (keys, marker));
         Ok(())
     }
 
@@ -241,28 +402,41 @@ impl OutputSink for DuckSink {
             return Ok(());
         }
         let conn = self.conn.conn()?;
-        let (keyed, marker) = self
+        let (keys, marker) = self
             .prepared
             .get(out.tables)
             .cloned()
             .ok_or_else(|| EtlError::Internal("a batch for tables not prepared".into()))?;
         let marker = marker.as_deref();
-        if out.replay {
+        let mut plan = WritePlan {
+            keys,
+            append_keyed: !out.replay,
+            marker,
+            prune_marker: self.catalog.has_keys(),
+        };
+        with_retry(&out.tables.windows, || {
+            // A replay, or a retry after a conflict that may have landed after all: the marker
+            // says whether the batch is there.
             if let Some(m) = marker {
-                if applied(conn, m, out)? {
+                if (out.replay || !plan.append_keyed) && applied(conn, m, out)? {
                     return Ok(());
                 }
             }
+            if plan.append_keyed && write_batch(conn, out, &plan).is_ok() {
+                return Ok(());
+            }
+            plan.append_keyed = false;
+            write_batch(conn, out, &plan)
+        })?;
+        if let Some(c) = &self.compaction {
+            if self.catalog.is_ducklake() && out.seq % c.every == 0 {
+                // The cycle is committed: a compaction that fails (another writer compacting the
+                // same lake) is only tried again later.
+                if let Err(e) = compact(conn, &self.catalog.name, out.tables, c.retain_ms) {
+                    eprintln!("streaming_etl: {e} (tried again in {} cycles)", c.every);
+                }
+            }
         }
-        let mut plan = WritePlan {
-            keyed,
-            append_keyed: !out.replay,
-            marker,
-        };
-        if plan.append_keyed && write_batch(conn, out, &plan).is_ok() {
-            return Ok(());
-        }
-        plan.append_keyed = false;
-        write_batch(conn, out, &plan)
+        Ok(())
     }
 }

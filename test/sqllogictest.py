@@ -11,6 +11,9 @@ of the format the tests use:
     query <types> [rowsort|nosort]   with `----` and the expected rows, tab-separated
     mode skip | mode unskip
     loop <var> <from> <to> ... endloop   repeat records with ${var} set
+    skipif <cond> | onlyif <cond>    on the line before a record: skip it when the host matches
+                                     (or does not); <cond> is `duckdb<X.Y` or `duckdb>=X.Y`, the
+                                     host's DuckDB version (1.4 registers no settings: see README)
 
 `__TEST_DIR__` is replaced (in statements and expected output) by a fresh temporary directory
 per test file; paths are relative
@@ -85,6 +88,13 @@ class Runner:
             start = i + 1
             header = line.strip()
             i += 1
+            conds = []
+            while header.split()[0] in ("skipif", "onlyif") and i < len(lines):
+                conds.append(header.split(None, 1))
+                header = lines[i].strip()
+                i += 1
+            if not all(host_matches(c[1]) == (c[0] == "onlyif") for c in conds):
+                header = "skipped " + header
             body = []
             while i < len(lines) and lines[i].strip() and lines[i] != "----":
                 body.append(lines[i])
@@ -134,6 +144,8 @@ class Runner:
     def record(self, header, sql, expected):
         words = header.split()
         kind = words[0]
+        if kind == "skipped":
+            return
         if kind == "mode":
             self.skip = words[1] == "skip"
             return
@@ -188,6 +200,21 @@ class Runner:
             g = "\n".join("\t".join(r) for r in got)
             w = "\n".join("\t".join(r) for r in want)
             raise Failure(f"wrong result\n-- expected:\n{w}\n-- got:\n{g}")
+
+
+def host_matches(cond):
+    """`duckdb<1.5` / `duckdb>=1.5`: compares the host's DuckDB version (major.minor)."""
+    for op in ("<=", ">=", "<", ">", "=="):
+        name, sep, ver = cond.partition(op)
+        if sep:
+            break
+    else:
+        raise Failure(f"unknown condition {cond!r}")
+    if name.strip() != "duckdb":
+        raise Failure(f"unknown condition {cond!r}")
+    have = tuple(int(x) for x in duckdb.__version__.split(".")[:2])
+    want = tuple(int(x) for x in ver.strip().split(".")[:2])
+    return {"<": have < want, "<=": have <= want, ">": have > want, ">=": have >= want, "==": have == want}[op]
 
 
 def main():

@@ -108,8 +108,10 @@ impl<'a> Given<'a> {
         })
     }
 
-    pub(super) fn table(&self, id: ParamId, default: &str) -> Result<TableName> {
-        let text = self.text(id)?.unwrap_or_else(|| default.to_string());
+    pub(super) fn table(&self, id: ParamId, default: TableName) -> Result<TableName> {
+        let Some(text) = self.text(id)? else {
+            return Ok(default);
+        };
         TableName::parse(&text).ok_or_else(|| {
             EtlError::invalid(
                 self.name(id),

@@ -10,7 +10,8 @@ mod table;
 
 pub use kafka::KafkaParams;
 pub use run::{
-    checkpoint_job, checkpoint_location, parse_run, RunPlan, SourceSpec, Start, WriteMode,
+    checkpoint_job, checkpoint_location, parse_run, Compaction, RunPlan, SourceSpec, Start,
+    WriteMode,
 };
 pub use sql_name::{quote_ident, TableName};
 pub use table::*;

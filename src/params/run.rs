@@ -47,7 +47,20 @@ pub struct RunPlan {
     pub write_mode: WriteMode,
     /// The output tables as parsed (the job's `tables` are their SQL text).
     pub tables: ByTable<TableName>,
+    /// DuckLake output: compact its files every so many cycles.
+    pub compaction: Option<Compaction>,
 }
+
+/// `compact_every` and `compact_retain_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compaction {
+    pub every: i64,
+    pub retain_ms: i64,
+}
+
+/// Snapshots a compaction keeps by default: readers' queries younger than this never lose the
+/// files they read.
+pub const DEFAULT_COMPACT_RETAIN_MS: i64 = 600_000;
 
 /// Where a new job begins reading (its first run only; the checkpoint decides afterwards).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -512,9 +525,10 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let key_field = given.field(ParamId::KeyField, DEFAULT_KEY_FIELD)?;
     let time_field = given.field(ParamId::TimeField, "event_time_ms")?;
     let value_field = given.field(ParamId::ValueField, "payload.value")?;
-    let windows = given.table(ParamId::WindowsTable, "windows")?;
-    let late = given.table(ParamId::LateTable, "late_events")?;
-    let dead = given.table(ParamId::DeadLetterTable, "dead_letters")?;
+    let windows = given.table(ParamId::WindowsTable, TableName::bare("windows"))?;
+    // Beside the windows table by default: one catalog, so one transaction writes all three.
+    let late = given.table(ParamId::LateTable, windows.sibling("late_events"))?;
+    let dead = given.table(ParamId::DeadLetterTable, windows.sibling("dead_letters"))?;
     if windows == late || windows == dead || late == dead {
         return Err(EtlError::invalid(
             given.name(ParamId::WindowsTable),
@@ -582,7 +596,23 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         SourceSpec::Files { pattern } => sandbox.check_files(pattern)?,
         SourceSpec::Kafka { .. } => sandbox.check_network(&kafka.brokers)?,
     }
+    let retain_ms = given.positive(ParamId::CompactRetainMs)?;
+    let compaction = match given.positive(ParamId::CompactEvery)? {
+        Some(every) => Some(Compaction {
+            every,
+            retain_ms: retain_ms.unwrap_or(DEFAULT_COMPACT_RETAIN_MS),
+        }),
+        None if retain_ms.is_some() => {
+            return Err(EtlError::invalid(
+                given.name(ParamId::CompactRetainMs),
+                "applies only with compact_every",
+                retain_ms.unwrap_or_default(),
+            ))
+        }
+        None => None,
+    };
     Ok(RunPlan {
+        compaction,
         write_mode,
         start: parse_start(&given, is_kafka)?,
         sandbox,

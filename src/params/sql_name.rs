@@ -51,6 +51,13 @@ impl TableName {
         (parts.len() <= 3).then_some(TableName { parts })
     }
 
+    /// An unqualified name.
+    pub fn bare(name: &str) -> TableName {
+        TableName {
+            parts: vec![name.to_string()],
+        }
+    }
+
     /// The table named `name` in this one's catalog and schema.
     pub fn sibling(&self, name: &str) -> TableName {
         let mut parts = self.parts.clone();

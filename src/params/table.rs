@@ -2,6 +2,7 @@
 //! default, meaning), from which registration, parsing and the README's parameter table follow.
 
 /// A setting registered with DuckDB (`SET name = '...'`): name, default, description.
+#[cfg_attr(feature = "capi-v1-2", allow(dead_code))]
 pub struct Setting {
     pub name: &'static str,
     pub default: &'static str,
@@ -71,6 +72,8 @@ pub enum ParamId {
     TimeField,
     ValueField,
     WindowsTable,
+    CompactEvery,
+    CompactRetainMs,
     LateTable,
     DeadLetterTable,
     MaxMessages,
@@ -137,6 +140,20 @@ impl Param {
     }
 }
 
+/// The positional parameters of `streaming_etl_run`: source, window_ms, lateness_ms.
+pub const RUN_POSITIONAL: &[ParamType] =
+    &[ParamType::Varchar, ParamType::BigInt, ParamType::BigInt];
+
+/// The declared type of a named parameter of either function.
+#[cfg_attr(not(feature = "capi-v1-2"), allow(dead_code))]
+pub fn param_type(name: &str) -> Option<ParamType> {
+    RUN_PARAMS
+        .iter()
+        .chain(CHECKPOINT_PARAMS)
+        .find(|p| p.name == name)
+        .map(|p| p.ty)
+}
+
 /// The named parameters of `streaming_etl_run`.
 pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::Job, "job", ParamType::Varchar, "the `topic` argument", "name the job's state is kept under in the checkpoint"),
@@ -153,8 +170,10 @@ pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::MaxFutureMs, "max_future_ms", ParamType::BigInt, "none", "an event whose time is more than this far ahead of the wall clock is a dead letter"),
     param(ParamId::WriteMode, "write_mode", ParamType::Varchar, "`upsert`", "`upsert` (tables with primary keys, rows upserted) or `append` (tables without keys, rows appended; a replayed batch is recognised by its marker in `streaming_etl_batches`)"),
     param(ParamId::WindowsTable, "windows_table", ParamType::Varchar, "`windows`", "output table of closed windows (`schema.table`, `catalog.schema.table`, quoted names allowed)"),
-    param(ParamId::LateTable, "late_table", ParamType::Varchar, "`late_events`", "output table of late events"),
-    param(ParamId::DeadLetterTable, "dead_letter_table", ParamType::Varchar, "`dead_letters`", "output table of rejected messages"),
+    param(ParamId::LateTable, "late_table", ParamType::Varchar, "`late_events` beside `windows_table`", "output table of late events (in the catalog of the windows table: one transaction writes one catalog)"),
+    param(ParamId::DeadLetterTable, "dead_letter_table", ParamType::Varchar, "`dead_letters` beside `windows_table`", "output table of rejected messages (same catalog)"),
+    param(ParamId::CompactEvery, "compact_every", ParamType::BigInt, "none", "DuckLake output: every n cycles, merge the tables' small files, expire older snapshots and delete unused files"),
+    param(ParamId::CompactRetainMs, "compact_retain_ms", ParamType::BigInt, "600000", "with `compact_every`: snapshots (and their files) younger than this are kept, for readers and time travel"),
     param(ParamId::MaxMessages, "max_messages", ParamType::BigInt, "none", "stop after this many messages"),
     param(ParamId::MaxRuntimeMs, "max_runtime_ms", ParamType::BigInt, "none", "stop after this long"),
     param(ParamId::IdleTimeoutMs, "idle_timeout_ms", ParamType::BigInt, "none", "a partition silent this long (wall clock) stops holding the watermark back"),
