@@ -30,7 +30,7 @@ FOOTER     := python3 scripts/append_footer.py
 
 
 .PHONY: all configure venv release release-main release-lts debug fault tools install test test_release test_debug unit sqltest \
-        pytest demo demo-kafka bench reliability readme clean clean_all fmt lint
+        pytest demo demo-kafka demo-lake bench reliability readme clean clean_all fmt lint
 
 all: release
 
@@ -117,8 +117,16 @@ sqltest: release configure
 	$(VENV)/old/bin/python test/sqllogictest.py build/release/$(EXT).duckdb_extension test/sql
 	$(LTS_PY) test/sqllogictest.py build/release/v1.4/$(EXT).duckdb_extension test/sql
 
+# The core of the Python tests (semantics, windows, files, host, sandbox), also run on the other
+# DuckDB lines; DuckLake's tests run on 1.4 (the line PyPI has its extensions for).
+CORE_TESTS := test/python/test_semantics.py test/python/test_windows.py test/python/test_file_source.py \
+              test/python/test_host.py test/python/test_sandbox.py
+
 pytest: release fault tools configure $(TANSU) $(CARGO_FUZZ)
 	$(PY) -m pytest -q test/python
+	STREAMING_ETL_EXTENSION=$(CURDIR)/build/release/v1.4/$(EXT).duckdb_extension \
+	    $(LTS_PY) -m pytest -q test/python/test_lake.py $(CORE_TESTS)
+	$(VENV)/old/bin/python -m pytest -q $(CORE_TESTS)
 
 test: unit sqltest pytest
 
@@ -134,6 +142,11 @@ demo: install
 
 demo-kafka: install tools
 	$(PY) scripts/demo_kafka.py
+
+# A follow job writing into a DuckLake (catalog in a PostgreSQL server the script starts) while
+# another process reads it; DuckDB 1.4.4 (the only host with the DuckLake extension).
+demo-lake: install
+	$(LTS_PY) scripts/demo_lake.py
 
 # The long reliability suite: prints its table, writes bench-out/reliability.json and the table
 # into docs/reliability.md (its section 'latest run').

@@ -440,3 +440,72 @@ impl OutputSink for DuckSink {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use streaming_etl_core::ColumnType;
+
+    fn conflict() -> EtlError {
+        sink_error(
+            "lake.windows",
+            "Failed to commit DuckLake transaction. Transaction conflict - attempting to insert into table with index \"1\" - but another transaction has altered it",
+        )
+    }
+
+    #[test]
+    fn conflicts_are_retried_a_bounded_number_of_times() {
+        let mut tries = 0;
+        assert!(with_retry("lake.windows", || {
+            tries += 1;
+            if tries < 3 {
+                Err(conflict())
+            } else {
+                Ok(())
+            }
+        })
+        .is_ok());
+        assert_eq!(tries, 3);
+
+        let mut tries = 0;
+        let err = with_retry("lake.windows", || {
+            tries += 1;
+            Err(conflict())
+        })
+        .unwrap_err()
+        .to_string();
+        assert_eq!(tries, COMMIT_ATTEMPTS);
+        assert!(
+            err.starts_with("writing to table lake.windows: the commit conflicted with other writers 8 times in a row"),
+            "{err}"
+        );
+
+        // Any other failure is not retried.
+        let mut tries = 0;
+        let err = with_retry("t", || {
+            tries += 1;
+            Err(sink_error("t", "No space left on device"))
+        });
+        assert_eq!(tries, 1);
+        assert_eq!(
+            err.unwrap_err().to_string(),
+            "writing to table t: No space left on device"
+        );
+    }
+
+    #[test]
+    fn a_merge_matches_on_the_key_columns_with_nulls_equal() {
+        let schema = TableSchema::new(
+            &[
+                ("window_start_ms", ColumnType::BigInt),
+                ("key", ColumnType::Varchar),
+                ("count", ColumnType::BigInt),
+            ],
+            &["key", "window_start_ms"],
+        );
+        assert_eq!(
+            merge_sql("\"lake\".\"w\"", &schema, "b(1)"),
+            "MERGE INTO \"lake\".\"w\" AS t USING (SELECT * FROM b(1)) AS s ON (t.\"window_start_ms\" IS NOT DISTINCT FROM s.c0 AND t.\"key\" IS NOT DISTINCT FROM s.c1) WHEN MATCHED THEN UPDATE SET \"count\" = s.c2 WHEN NOT MATCHED THEN INSERT (\"window_start_ms\", \"key\", \"count\") VALUES (s.c0, s.c1, s.c2)"
+        );
+    }
+}

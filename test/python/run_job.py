@@ -3,6 +3,10 @@
 usage: run_job.py <db> <topic> <window_ms> <lateness_ms> [name=sql-value ...] [--announce]
 (--announce prints "loaded" once the extension is loaded, so a test can time a kill.)
 Prints each result row as a JSON line; the last one is the run's totals.
+
+Environment: STREAMING_ETL_EXTENSION (the file to load), STREAMING_ETL_EXTENSION_DIRECTORY
+(DuckDB's extension_directory, where LOAD ducklake finds DuckLake), STREAMING_ETL_SETUP (SQL run
+after loading, e.g. LOAD ducklake; ATTACH ...).
 """
 import json
 import os
@@ -20,8 +24,13 @@ def main():
     announce = "--announce" in args
     args = [a for a in args if a != "--announce"]
     db, topic, window, lateness, *named = args
-    con = duckdb.connect(db, config={"allow_unsigned_extensions": "true"})
+    config = {"allow_unsigned_extensions": "true"}
+    if os.environ.get("STREAMING_ETL_EXTENSION_DIRECTORY"):
+        config["extension_directory"] = os.environ["STREAMING_ETL_EXTENSION_DIRECTORY"]
+    con = duckdb.connect(db, config=config)
     con.execute(f"LOAD '{EXT}'")
+    if os.environ.get("STREAMING_ETL_SETUP"):
+        con.execute(os.environ["STREAMING_ETL_SETUP"])
     if announce:
         print("loaded", flush=True)
     args = "".join(f", {n.split('=', 1)[0]} := {n.split('=', 1)[1]}" for n in named)

