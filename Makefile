@@ -170,6 +170,7 @@ lint:
 	python3 scripts/modgraph.py --check
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	cd lts && $(CARGO) fmt --check && $(CARGO) clippy --lib --target-dir ../target -- -D warnings
 
 clean:
 	rm -rf build

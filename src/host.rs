@@ -200,13 +200,13 @@ impl Host {
         }
     }
 
-    /// A global DuckDB setting as the extension's own connection sees it (the DuckDB 1.4 build,
-    /// whose C API cannot read a caller's settings; the sandbox's settings are global).
+    /// A global DuckDB setting as the extension's own connection sees it, as its type and its
+    /// text (the DuckDB 1.4 build, whose C API cannot read a caller's settings; the sandbox's
+    /// settings are global).
     #[cfg(feature = "capi-v1-2")]
-    pub fn global_setting(self: &Arc<Self>, name: &str) -> Option<crate::args::Arg> {
-        use crate::params::ParamType;
+    pub fn global_setting(self: &Arc<Self>, name: &str) -> Option<(String, Option<String>)> {
         let pooled = self.checkout().ok()?;
-        let (ty, text) = pooled
+        pooled
             .conn()
             .ok()?
             .query_row(
@@ -214,14 +214,7 @@ impl Host {
                 duckdb::params![name, name],
                 |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)),
             )
-            .ok()?;
-        let ty = match ty.as_str() {
-            "BOOLEAN" => ParamType::Boolean,
-            "VARCHAR[]" => ParamType::VarcharList,
-            "BIGINT" | "INTEGER" | "UBIGINT" => ParamType::BigInt,
-            _ => ParamType::Varchar,
-        };
-        Some(crate::args::arg_of_text(text?, ty))
+            .ok()
     }
 
     /// The in-memory checkpoint of this (in-memory) database, created on first use.

@@ -13,6 +13,8 @@ mod catalog;
 mod checkpoint_function;
 mod entry;
 mod host;
+#[cfg(feature = "capi-v1-2")]
+mod lts_args;
 mod os;
 mod out_vector;
 mod params;
