@@ -330,12 +330,19 @@ fn with_retry(table: &str, mut write: impl FnMut() -> Result<()>) -> Result<()> 
     Ok(())
 }
 
-/// DuckLake's own maintenance: merges the small files of the job's tables, expires snapshots
-/// older than the retention and deletes the files no snapshot needs any more.
-fn compact(conn: &Connection, catalog: &str, tables: &Tables, retain_ms: i64) -> Result<()> {
+/// DuckLake's own maintenance: merges the small files of the job's tables (and of its marker
+/// table, which gains a file per commit too), expires snapshots older than the retention and
+/// deletes the files no snapshot needs any more.
+fn compact(
+    conn: &Connection,
+    catalog: &str,
+    tables: &Tables,
+    marker: Option<&str>,
+    retain_ms: i64,
+) -> Result<()> {
     let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
     let mut sql = String::new();
-    for table in tables.iter() {
+    for table in tables.iter().map(String::as_str).chain(marker) {
         let name = TableName::parse(table).unwrap_or(TableName { parts: Vec::new() });
         let Some(bare) = name.parts.last() else {
             continue;
@@ -432,7 +439,7 @@ impl OutputSink for DuckSink {
             if self.catalog.is_ducklake() && out.seq % c.every == 0 {
                 // The cycle is committed: a compaction that fails (another writer compacting the
                 // same lake) is only tried again later.
-                if let Err(e) = compact(conn, &self.catalog.name, out.tables, c.retain_ms) {
+                if let Err(e) = compact(conn, &self.catalog.name, out.tables, marker, c.retain_ms) {
                     eprintln!("streaming_etl: {e} (tried again in {} cycles)", c.every);
                 }
             }
