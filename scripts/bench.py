@@ -3,17 +3,21 @@
 GROUP BY over the same files and a consume-only loop over the same Kafka topic.
 
 Prints one JSON object per scenario (the predecessor's fields plus false_late_events,
-peak_rss_mb and elapsed_s), then a summary table; writes bench-out/results.json.
+peak_rss_mb and elapsed_s), then a summary table; writes bench-out/results.json (with --only NAME:
+bench-out/results-NAME.json).
 Every measured run is a fresh process (Python + DuckDB + the extension), so peak_rss_mb is the
 whole process's peak resident memory.
 
-Also: many keys and memory in both write modes, Nexmark (scripts/bench_nexmark.py) and the
-latency and CPU of continuous jobs (scripts/bench_latency.py).
+Also: many keys and memory in both write modes, Nexmark (scripts/bench_nexmark.py), the
+latency and CPU of continuous jobs (scripts/bench_latency.py) and output into a DuckLake
+(scripts/bench_lake.py, run by DuckDB 1.4.4's Python: .venv/lts/bin/python).
 
 A full run (no --quick, no --only) writes its tables into docs/benchmarks.md, section
 'latest run' (scripts/docs_section.py); the discussion above that section is written by hand.
 
 usage: bench.py [--quick] [--only NAME]
+NAME: a scenario (predecessor-files, ..., skewed-kafka) or a section: window-jobs, time-formats,
+many-keys, memory, nexmark, latency, lake.
 """
 import contextlib
 import io
@@ -24,6 +28,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,6 +37,7 @@ sys.path.insert(0, os.path.join(ROOT, "test", "python"))
 EXT = os.environ.get("STREAMING_ETL_EXTENSION") or os.path.join(ROOT, "build", "release", "streaming_etl.duckdb_extension")
 OUT = os.path.join(ROOT, "bench-out")
 MOCK = os.path.join(ROOT, "target", "release", "mock-kafka")
+LTS_PY = os.environ.get("BENCH_LTS_PYTHON") or os.path.join(ROOT, ".venv", "lts", "bin", "python")
 BASE_MS = 1_700_000_000_000
 WINDOW, LATENESS = 1000, 200
 
@@ -370,6 +376,31 @@ def memory_jobs(sizes, limit="256MB"):
     return results
 
 
+def lake_jobs(quick):
+    """The DuckLake section: scripts/bench_lake.py under DuckDB 1.4.4 (the only host with the
+    DuckLake and postgres extensions), as a child; its JSON lines are passed through and its last
+    line ({"lake": ...}) is kept."""
+    if not os.path.exists(LTS_PY):
+        print(json.dumps({"lake": f"skipped: no {LTS_PY} (make configure)"}), flush=True)
+        return {}
+    p = subprocess.Popen([LTS_PY, os.path.join(ROOT, "scripts", "bench_lake.py"), *(["--quick"] if quick else [])],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    err = []
+    t = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
+    t.start()
+    last = None
+    for line in p.stdout:
+        if line.startswith("{"):
+            last = json.loads(line)
+            if "lake" not in last:
+                print(line, end="", flush=True)
+    p.wait()
+    t.join()
+    if p.returncode != 0 or not last or "lake" not in last:
+        raise RuntimeError(f"scripts/bench_lake.py failed ({p.returncode}): {''.join(err)[-3000:]}")
+    return last["lake"]
+
+
 def markdown_table(results):
     """The throughput table, printed (docs/benchmarks.md shows a selection of its columns)."""
     lines = ["| scenario | events | events/s | comparison | ours / it | late injected / observed | false late | watermark lag ms | peak RSS MB | DB KB | s |",
@@ -427,14 +458,18 @@ def main():
     if not only or only == "latency":
         import bench_latency
         latency = bench_latency.latency_jobs(10 if quick else 30, 5 if quick else 10)
+    lake = {}
+    if not only or only == "lake":
+        lake = lake_jobs(quick)
     meta = {"machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
             "date": time.strftime("%Y-%m-%d"), "results": results, "window_jobs": jobs, "time_formats": times,
-            "many_keys": many, "memory": memory, "nexmark": nexmark, "latency": latency}
-    with open(os.path.join(OUT, "results.json"), "w") as f:
+            "many_keys": many, "memory": memory, "nexmark": nexmark, "latency": latency, "lake": lake}
+    # A partial run (--only) leaves the last whole run's results.json alone.
+    with open(os.path.join(OUT, f"results-{only}.json" if only else "results.json"), "w") as f:
         json.dump(meta, f, indent=1)
     report = io.StringIO()
     with contextlib.redirect_stdout(report):
-        print_tables(results, jobs, times, many, memory, nexmark, latency)
+        print_tables(results, jobs, times, many, memory, nexmark, latency, lake)
     print(report.getvalue(), end="")
     if not quick and not only:
         # A full run is the one docs/benchmarks.md shows.
@@ -449,7 +484,7 @@ def main():
               f"{r['false_late_events']:>10} {str(r['late_recovery_rate']):>8} {r['peak_rss_mb']:>7}")
 
 
-def print_tables(results, jobs, times, many, memory, nexmark, latency):
+def print_tables(results, jobs, times, many, memory, nexmark, latency, lake=None):
     """The run's Markdown tables."""
     import bench_latency
     import bench_nexmark
@@ -488,6 +523,10 @@ def print_tables(results, jobs, times, many, memory, nexmark, latency):
     if latency:
         print()
         print(bench_latency.markdown(latency))
+    if lake:
+        import bench_lake
+        print()
+        print(bench_lake.markdown(lake))
 
 
 if __name__ == "__main__":
