@@ -104,6 +104,17 @@ def test_a_job_in_pieces_with_restarts_equals_one_straight_run(tmp_path, catalog
     assert sum(r[3] for r in got[0]) + len(got[1]) + len(got[2]) == 2000
 
 
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_a_postgres_database_attached_directly_is_a_catalog_too(tmp_path, postgres, mode):
+    con = lake.connect(tmp_path / "host.duckdb", EXT)
+    con.execute(f"LOAD postgres; ATTACH '{postgres.new_database()}' AS pg (TYPE postgres)")
+    con.execute(f"SELECT * FROM streaming_etl_run('file:{SKEW}', 1000, 200, job := 'j', write_mode := '{mode}', "
+                "windows_table := 'pg.public.windows', flush := true)").fetchall()
+    got = tables_of(con, "pg.public.")
+    con.close()
+    assert got == reference(tmp_path, f"file:{SKEW}", mode)
+
+
 def test_tables_in_two_catalogs_and_other_misuse_fail_at_bind_time(tmp_path):
     cat = str(tmp_path / "meta.ducklake")
     con = lake.connect(tmp_path / "host.duckdb", EXT, cat, str(tmp_path / "lakedata"))
