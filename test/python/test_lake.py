@@ -333,10 +333,11 @@ CONFLICTED = re.compile(
 
 
 def test_commits_that_conflict_are_retried_then_fail_naming_the_table_and_the_next_run_resumes(tmp_path):
-    """Two connections alter the windows table over and over (a DuckLake commit that inserts into
-    a table altered since it began conflicts): the job's commits are retried, a bounded number of
-    times, after which the run fails naming the table; once the others stop, the job's tables are
-    exactly those of an undisturbed run."""
+    """Another connection alters the windows table over and over (a DuckLake commit that inserts
+    into a table altered since it began conflicts): the job's commits are retried, a bounded number
+    of times, after which the run fails naming the table; once the other stops, the job's tables
+    are exactly those of an undisturbed run. (Two connections altering one table at once make
+    DuckLake 1.4.4 itself fail with "Duplicate field_id": one is enough to conflict.)"""
     con = lake.connect(tmp_path / "host.duckdb", EXT, str(tmp_path / "meta.ducklake"), str(tmp_path / "lakedata"))
     con.execute("CREATE TABLE lake.windows (window_start_ms BIGINT, window_end_ms BIGINT, key VARCHAR, count BIGINT, "
                 "sum_value DOUBLE, min_value DOUBLE, max_value DOUBLE)")
@@ -353,7 +354,7 @@ def test_commits_that_conflict_are_retried_then_fail_naming_the_table_and_the_ne
             except duckdb.Error:
                 pass
 
-    threads = [threading.Thread(target=alter, args=(c,)) for c in ("scratch_a", "scratch_b")]
+    threads = [threading.Thread(target=alter, args=("scratch",))]
     for t in threads:
         t.start()
     job = con.cursor()
