@@ -303,10 +303,14 @@ fn applied(conn: &Connection, marker: &str, out: &Output<'_>) -> Result<bool> {
     .map_err(|e| sink_error(marker, e))
 }
 
-/// Whether a failed write lost a race with another writer's commit (DuckLake: "Transaction
-/// conflict - ..."; DuckDB: "Conflict on update"), so that trying again can succeed.
+/// Whether a failed write lost a race with another writer's commit, so that trying again can
+/// succeed: DuckLake's "Transaction conflict - ...", DuckDB's "Conflict on update", and any other
+/// failed DuckLake commit (several processes creating tables in one lake at once can also make
+/// DuckLake 1.4.4 fail a commit with "Failed to parse catalog entry"). A failed commit wrote
+/// nothing, and a retry first asks the marker whether the batch is there.
 fn is_conflict(e: &EtlError) -> bool {
-    e.to_string().to_ascii_lowercase().contains("conflict")
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("conflict") || text.contains("failed to commit ducklake transaction")
 }
 
 /// Tries `write` up to [`COMMIT_ATTEMPTS`] times while it fails on a conflict.
@@ -321,7 +325,7 @@ fn with_retry(table: &str, mut write: impl FnMut() -> Result<()>) -> Result<()> 
             Err(e) if is_conflict(&e) => {
                 return Err(sink_error(
                     table,
-                    format!("the commit conflicted with other writers {COMMIT_ATTEMPTS} times in a row; nothing of this cycle was written, and the next run resumes it (last error: {e})"),
+                    format!("the commit failed {COMMIT_ATTEMPTS} times in a row (conflicting with other writers, or refused by the catalog); nothing of this cycle was written, and the next run resumes it (last error: {e})"),
                 ))
             }
             other => return other,
@@ -383,7 +387,14 @@ impl OutputSink for DuckSink {
                 WriteMode::Upsert => schema.clone(),
                 WriteMode::Append => schema.without_key(),
             };
-            let primary = ensure_table(conn, table, &declared, catalog_keys)?;
+            // Two jobs creating a lake's table at once conflict; the one that retries finds it.
+            let mut primary = false;
+            with_retry(table, || {
+                primary = ensure_table(conn, table, &declared, catalog_keys).inspect_err(|_| {
+                    let _ = conn.execute_batch("ROLLBACK");
+                })?;
+                Ok(())
+            })?;
             *k = match (primary, self.mode) {
                 (true, _) => Keys::Primary,
                 (false, WriteMode::Upsert) if !catalog_keys => Keys::Merge,
@@ -395,10 +406,15 @@ impl OutputSink for DuckSink {
             .any(|&k| k == Keys::None)
             .then(|| self.marker_table(tables));
         if let Some(m) = &marker {
-            conn.execute_batch(&format!(
-                "CREATE TABLE IF NOT EXISTS {m} (job VARCHAR, job_created_ms BIGINT, seq BIGINT, applied_ms BIGINT)"
-            ))
-            .map_err(|e| sink_error(m, e))?;
+            with_retry(m, || {
+                conn.execute_batch(&format!(
+                    "CREATE TABLE IF NOT EXISTS {m} (job VARCHAR, job_created_ms BIGINT, seq BIGINT, applied_ms BIGINT)"
+                ))
+                .map_err(|e| {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    sink_error(m, e)
+                })
+            })?;
         }
         self.prepared.insert(tables.clone(), (keys, marker));
         Ok(())
@@ -483,7 +499,7 @@ mod tests {
         .to_string();
         assert_eq!(tries, COMMIT_ATTEMPTS);
         assert!(
-            err.starts_with("writing to table lake.windows: the commit conflicted with other writers 8 times in a row"),
+            err.starts_with("writing to table lake.windows: the commit failed 8 times in a row (conflicting with other writers, or refused by the catalog)"),
             "{err}"
         );
 

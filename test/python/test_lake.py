@@ -252,6 +252,29 @@ def test_other_processes_read_and_write_the_lake_while_a_follow_job_runs(tmp_pat
     assert final == reference(tmp_path, f"file:{src}/*.ndjson", "append", 100, 20)
 
 
+def test_jobs_starting_at_once_share_one_lake(tmp_path, postgres):
+    """Three processes start jobs into one lake at the same moment: they create the shared marker
+    table (and their own tables) concurrently, which DuckLake reports as a conflict to all but one;
+    each retries and writes its own rows exactly."""
+    cat, data = postgres.new_database(), str(tmp_path / "lakedata")
+    lake.connect(":memory:", EXT, cat, data).close()
+    env = {**os.environ, **lake.child_env(EXT, cat, data)}
+    jobs = [subprocess.Popen([str(a) for a in [
+        sys.executable, os.path.join(HERE, "run_job.py"), str(tmp_path / f"h{i}.duckdb"), f"file:{SKEW}", 1000, 200,
+        f"job='j{i}'", "write_mode='append'", f"windows_table='lake.w{i}'", f"late_table='lake.l{i}'",
+        f"dead_letter_table='lake.d{i}'", "flush=true"]], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True) for i in range(3)]
+    outs = [p.communicate(timeout=120) for p in jobs]
+    for p, (_, err) in zip(jobs, outs):
+        assert p.returncode == 0, err
+    con = lake.connect(tmp_path / "check.duckdb", EXT, cat, data)
+    got = [(rows(con, WINDOWS, f"lake.w{i}"), rows(con, LATE, f"lake.l{i}"), rows(con, DEAD, f"lake.d{i}")) for i in range(3)]
+    assert con.execute("SELECT count(DISTINCT job) FROM lake.streaming_etl_batches").fetchall() == [(3,)]
+    con.close()
+    want = reference(tmp_path, f"file:{SKEW}", "append")
+    assert all(g == want for g in got)
+
+
 def kill_at_random(cmd, env, rng, kills, low_s, high_s):
     """Starts `cmd` `kills` times, each killed with SIGKILL at a random instant."""
     for _ in range(kills):
@@ -328,7 +351,7 @@ def test_a_catalog_that_goes_away_fails_the_run_or_is_ridden_out_and_the_next_ru
 
 
 CONFLICTED = re.compile(
-    r'(?s)writing to table "lake"."windows": the commit conflicted with other writers 8 times in a row; nothing of this '
+    r'(?s)writing to table "lake"."windows": the commit failed 8 times in a row \(conflicting with other writers, or refused by the catalog\); nothing of this '
     r'cycle was written, and the next run resumes it \(last error: .*Transaction conflict')
 
 
