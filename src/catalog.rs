@@ -35,23 +35,18 @@ impl OutputCatalog {
     }
 }
 
-/// An attached database and its type.
-struct Attached {
-    name: String,
-    kind: String,
-}
-
 fn duck(e: duckdb::Error) -> EtlError {
     EtlError::Duck(e.to_string())
 }
 
-fn attached(conn: &Connection) -> Result<(Vec<Attached>, String)> {
+/// Every attached database (as an `OutputCatalog`: its name and type), and the default one.
+fn attached(conn: &Connection) -> Result<(Vec<OutputCatalog>, String)> {
     let mut stmt = conn
         .prepare("SELECT database_name, type FROM duckdb_databases()")
         .map_err(duck)?;
     let all = stmt
         .query_map([], |r| {
-            Ok(Attached {
+            Ok(OutputCatalog {
                 name: r.get(0)?,
                 kind: r.get(1)?,
             })
@@ -80,11 +75,11 @@ fn has_schema(conn: &Connection, catalog: &str, schema: &str) -> Result<bool> {
 /// in the default catalog (the database's own, for the extension's connections).
 fn catalog_of<'a>(
     conn: &Connection,
-    all: &'a [Attached],
+    all: &'a [OutputCatalog],
     current: &str,
     param: &'static str,
     name: &TableName,
-) -> Result<&'a Attached> {
+) -> Result<&'a OutputCatalog> {
     let find = |c: &str| all.iter().find(|a| a.name.eq_ignore_ascii_case(c));
     let wanted = match name.parts.as_slice() {
         [catalog, _, _] => catalog.as_str(),
@@ -120,8 +115,5 @@ pub fn resolve(conn: &Connection, tables: &ByTable<TableName>) -> Result<OutputC
             ));
         }
     }
-    Ok(OutputCatalog {
-        name: windows.name.clone(),
-        kind: windows.kind.clone(),
-    })
+    Ok(windows.clone())
 }
