@@ -125,7 +125,7 @@ CORE_TESTS := test/python/test_semantics.py test/python/test_windows.py test/pyt
 pytest: release fault tools configure $(TANSU) $(CARGO_FUZZ)
 	$(PY) -m pytest -q test/python
 	STREAMING_ETL_EXTENSION=$(CURDIR)/build/release/v1.4/$(EXT).duckdb_extension \
-	    $(LTS_PY) -m pytest -q test/python/test_lake.py $(CORE_TESTS)
+	    $(LTS_PY) -m pytest -q test/python/test_lake.py test/python/test_group.py $(CORE_TESTS)
 	$(VENV)/old/bin/python -m pytest -q $(CORE_TESTS)
 
 test: unit sqltest pytest
@@ -150,14 +150,18 @@ demo-lake: install
 
 # The long reliability suite: prints its table, writes bench-out/reliability.json and the table
 # into docs/reliability.md (its section 'latest run').
-reliability: release fault tools configure $(CARGO_FUZZ)
+reliability: release fault tools configure $(CARGO_FUZZ) $(TANSU)
 	$(PY) scripts/reliability.py
+	$(LTS_PY) scripts/group_scale.py --only changes --broker mock
+	$(LTS_PY) scripts/group_scale.py --only changes --broker tansu
 
 # The benchmark: prints JSON lines and tables, writes bench-out/results.json and the tables into
 # docs/benchmarks.md (its section 'latest run').
 bench: release tools configure $(NEXMARK)
 	$(CARGO) build --release -p streaming_etl_core --example engine_bench
 	$(PY) scripts/bench.py
+	$(LTS_PY) scripts/group_scale.py --only commits
+	$(LTS_PY) scripts/group_scale.py --only cpu
 
 # Rewrites the parameter table in README.md from the declaration in src/params/table.rs.
 readme:

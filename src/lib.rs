@@ -18,6 +18,7 @@ mod lts_args;
 mod os;
 mod out_vector;
 mod params;
+mod partition_store;
 mod result;
 mod run_function;
 mod sandbox;

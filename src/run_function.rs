@@ -16,15 +16,18 @@ use streaming_etl_core::{
 use streaming_etl_runtime::checkpoint::Checkpoint;
 use streaming_etl_runtime::clock::SystemClock;
 use streaming_etl_runtime::config::CheckpointLocation;
+use streaming_etl_runtime::group::{GroupEnv, GroupRun};
 use streaming_etl_runtime::job::{Run, RunEnv, RunStats, SourceOpener};
 use streaming_etl_runtime::lock::JobLock;
 
 use crate::catalog::OutputCatalog;
 use crate::host::Host;
 use crate::params::{parse_run, RunPlan, SourceSpec, Start, RUN_PARAMS};
+use crate::partition_store::LakeStore;
 use crate::result::{add_columns, write_row, ResultColumn};
 use crate::sink::DuckSink;
 use crate::source::kafka::{KafkaOptions, KafkaSource};
+use crate::source::kafka_group::KafkaGroup;
 use crate::{contained, entry};
 
 fn count(v: u64) -> Cell<'static> {
@@ -103,9 +106,32 @@ pub struct RunBind {
     catalog: OutputCatalog,
 }
 
+/// A run of either kind: one process's (state in the SQLite checkpoint) or a consumer group
+/// member's (`subscribe`: state in the output catalog).
+enum AnyRun {
+    Single(Box<Run>),
+    Group(Box<GroupRun>),
+}
+
+impl AnyRun {
+    fn cycle(&mut self) -> Result<bool> {
+        match self {
+            AnyRun::Single(r) => r.cycle(),
+            AnyRun::Group(r) => r.cycle(),
+        }
+    }
+
+    fn stats(&self) -> RunStats {
+        match self {
+            AnyRun::Single(r) => r.stats(),
+            AnyRun::Group(r) => r.stats(),
+        }
+    }
+}
+
 enum State {
     NotStarted,
-    Running(Box<Run>),
+    Running(AnyRun),
     Done,
 }
 
@@ -116,7 +142,10 @@ pub struct RunInit {
 /// Opens what a run needs, in an order that never leaves a half-started job behind: the job's
 /// lock first, then its checkpoint, then one of the extension's connections (waiting while all
 /// are in use); the source opens inside `Run::start`, once the checkpoint says where to resume.
-fn start(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Result<Run> {
+fn start(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Result<AnyRun> {
+    if plan.subscribe {
+        return start_group(plan, catalog, host).map(|r| AnyRun::Group(Box::new(r)));
+    }
     let job = &plan.job;
     let (lock, checkpoint) = match &job.checkpoint {
         CheckpointLocation::File(path) => {
@@ -145,6 +174,64 @@ fn start(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Result<Ru
             clock: Arc::new(SystemClock),
         },
     )
+    .map(|r| AnyRun::Single(Box::new(r)))
+}
+
+/// A consumer group member: no checkpoint file and no job lock (several processes run the
+/// job); its partitions' state is claimed from and committed to the output catalog.
+fn start_group(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Result<GroupRun> {
+    let job = &plan.job;
+    let store = LakeStore::new(
+        host.checkout()?,
+        &job.job,
+        &job.settings,
+        plan.write_mode,
+        &plan.tables,
+        catalog.clone(),
+        plan.compaction,
+    );
+    let SourceSpec::Kafka { topic } = &plan.source else {
+        return Err(EtlError::Internal("subscribe without a Kafka topic".into()));
+    };
+    let (topic, kafka, follow, start_at) =
+        (topic.clone(), plan.kafka.clone(), job.follow, plan.start);
+    let source_name = job.source.clone();
+    let clock = SystemClock;
+    let owner = format!(
+        "{} pid {} run {}",
+        host_name(),
+        std::process::id(),
+        streaming_etl_runtime::clock::Clock::wall_ms(&clock)
+    );
+    GroupRun::start(
+        Arc::new(job.clone()),
+        GroupEnv {
+            store: Box::new(store),
+            open_group: Box::new(move |claimer| {
+                Ok(Box::new(KafkaGroup::open(
+                    &source_name,
+                    &topic,
+                    &kafka,
+                    follow,
+                    start_at,
+                    claimer,
+                )?)
+                    as Box<dyn streaming_etl_runtime::group::GroupSource>)
+            }),
+            clock: Arc::new(SystemClock),
+            owner,
+        },
+    )
+}
+
+/// This machine's name, for the owner column of the state rows.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
 }
 
 fn source_opener(plan: &RunPlan) -> SourceOpener {
@@ -197,6 +284,16 @@ fn output_catalog(host: &Arc<Host>, plan: &RunPlan) -> Result<OutputCatalog> {
             ));
         }
     }
+    if plan.subscribe && !catalog.is_ducklake() {
+        return Err(EtlError::invalid(
+            "subscribe",
+            format!(
+                "keeps each partition's state in the output catalog, which every process of the group must be able to write at once (a DuckLake); the output tables are in catalog '{}' of type {}, which one process at a time can write",
+                catalog.name, catalog.kind
+            ),
+            true,
+        ));
+    }
     Ok(catalog)
 }
 
@@ -241,7 +338,7 @@ impl VTab for RunFunction {
                 // A failed start leaves nothing running; the error ends the statement.
                 *state = State::Done;
                 let bound = func.get_bind_data();
-                *state = State::Running(Box::new(start(&bound.plan, &bound.catalog, &host)?));
+                *state = State::Running(start(&bound.plan, &bound.catalog, &host)?);
             }
             let State::Running(run) = &mut *state else {
                 output.set_len(0);

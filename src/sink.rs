@@ -93,7 +93,7 @@ impl DuckSink {
     }
 }
 
-fn sink_error(table: &str, message: impl std::fmt::Display) -> EtlError {
+pub(crate) fn sink_error(table: &str, message: impl std::fmt::Display) -> EtlError {
     EtlError::Sink {
         table: table.to_string(),
         message: message.to_string(),
@@ -126,7 +126,12 @@ fn column_list(schema: &TableSchema) -> String {
 /// Makes sure `table` exists and has every column of `schema`; returns whether it has a primary
 /// key (a table the user created without one is appended to, whatever the mode). `keys`: whether
 /// the catalog has primary keys (the table is created without one where it has not).
-fn ensure_table(conn: &Connection, table: &str, schema: &TableSchema, keys: bool) -> Result<bool> {
+pub(crate) fn ensure_table(
+    conn: &Connection,
+    table: &str,
+    schema: &TableSchema,
+    keys: bool,
+) -> Result<bool> {
     let declared = if keys {
         ddl_columns(schema)
     } else {
@@ -164,12 +169,19 @@ fn ensure_table(conn: &Connection, table: &str, schema: &TableSchema, keys: bool
 
 /// How one write meets a table's existing rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verb {
+pub(crate) enum Verb {
     Insert,
     /// Rows whose primary key exists replace them.
     Replace,
     /// Rows whose key columns match replace them (no index: a `MERGE`).
     Merge,
+}
+
+/// Rows of one batch for a table; `partition` adds that number as the table's last column
+/// (`subscribe` runs: a windows row per partition).
+pub(crate) struct Part<'a> {
+    pub rows: &'a Rows,
+    pub partition: Option<i32>,
 }
 
 /// Writes `rows` into `table` (its columns named, so a table with more columns works) with one
@@ -182,15 +194,53 @@ fn insert(
     rows: &Rows,
     verb: Verb,
 ) -> Result<()> {
-    if rows.is_empty() {
+    insert_parts(
+        conn,
+        table,
+        schema,
+        &[Part {
+            rows,
+            partition: None,
+        }],
+        verb,
+    )
+}
+
+/// Writes several parts into `table` with one statement (their rows, one after the other).
+pub(crate) fn insert_parts(
+    conn: &Connection,
+    table: &str,
+    schema: &TableSchema,
+    parts: &[Part<'_>],
+    verb: Verb,
+) -> Result<()> {
+    let parts: Vec<&Part<'_>> = parts.iter().filter(|p| !p.rows.is_empty()).collect();
+    if parts.is_empty() {
         return Ok(());
     }
-    let lent = Lent::new(Arc::new(rows.clone()));
-    // Qualified: a macro of the same name in the user's schema cannot stand in for it.
-    let batch = format!("system.main.{}({})", batch_function::NAME, lent.id);
+    let lent: Vec<Lent> = parts
+        .iter()
+        .map(|p| Lent::new(Arc::new(p.rows.clone())))
+        .collect();
+    let selects: Vec<String> = parts
+        .iter()
+        .zip(&lent)
+        .map(|(p, lent)| {
+            // Qualified: a macro of the same name in the user's schema cannot stand in for it.
+            let batch = format!("system.main.{}({})", batch_function::NAME, lent.id);
+            match p.partition {
+                Some(k) => format!(
+                    "SELECT *, CAST({k} AS INTEGER) AS c{} FROM {batch}",
+                    p.rows.types().len()
+                ),
+                None => format!("SELECT * FROM {batch}"),
+            }
+        })
+        .collect();
+    let query = selects.join(" UNION ALL ");
     let sql = match verb {
         Verb::Insert | Verb::Replace => format!(
-            "{} INTO {table} ({}) SELECT * FROM {batch}",
+            "{} INTO {table} ({}) {query}",
             if verb == Verb::Replace {
                 "INSERT OR REPLACE"
             } else {
@@ -198,14 +248,14 @@ fn insert(
             },
             column_list(schema),
         ),
-        Verb::Merge => merge_sql(table, schema, &batch),
+        Verb::Merge => merge_sql(table, schema, &query),
     };
     conn.execute_batch(&sql).map_err(|e| sink_error(table, e))
 }
 
 /// `MERGE INTO` on the schema's key columns (NULL keys match NULL, as a key's equality does);
-/// the batch function's columns are `c0, c1, ...` in the schema's order.
-fn merge_sql(table: &str, schema: &TableSchema, batch: &str) -> String {
+/// `query` reads the batch function, whose columns are `c0, c1, ...` in the schema's order.
+fn merge_sql(table: &str, schema: &TableSchema, query: &str) -> String {
     let col = |i: usize| format!("s.c{i}");
     let mut on = Vec::new();
     let mut set = Vec::new();
@@ -224,7 +274,7 @@ fn merge_sql(table: &str, schema: &TableSchema, batch: &str) -> String {
         format!(" WHEN MATCHED THEN UPDATE SET {}", set.join(", "))
     };
     format!(
-        "MERGE INTO {table} AS t USING (SELECT * FROM {batch}) AS s ON ({}){matched} WHEN NOT MATCHED THEN INSERT ({}) VALUES ({})",
+        "MERGE INTO {table} AS t USING ({query}) AS s ON ({}){matched} WHEN NOT MATCHED THEN INSERT ({}) VALUES ({})",
         on.join(" AND "),
         column_list(schema),
         values.join(", ")
@@ -314,13 +364,15 @@ fn is_conflict(e: &EtlError) -> bool {
 }
 
 /// Tries `write` up to [`COMMIT_ATTEMPTS`] times while it fails on a conflict.
-fn with_retry(table: &str, mut write: impl FnMut() -> Result<()>) -> Result<()> {
+pub(crate) fn with_retry<T>(table: &str, mut write: impl FnMut() -> Result<T>) -> Result<T> {
     let mut wait = Duration::from_millis(20);
-    for attempt in 1.. {
+    let mut attempt = 1;
+    loop {
         match write() {
             Err(e) if is_conflict(&e) && attempt < COMMIT_ATTEMPTS => {
                 std::thread::sleep(wait);
                 wait = (wait * 2).min(Duration::from_secs(1));
+                attempt += 1;
             }
             Err(e) if is_conflict(&e) => {
                 return Err(sink_error(
@@ -331,13 +383,44 @@ fn with_retry(table: &str, mut write: impl FnMut() -> Result<()>) -> Result<()> 
             other => return other,
         }
     }
-    Ok(())
+}
+
+/// Tries `write` while it fails on a conflict, for up to `bound`, waiting 20 ms, 40 ms, ... up to
+/// 1 s, each wait shortened by a random part so that writers that collided do not collide again
+/// in step. For writers that contend all the time (the members of a `subscribe` job): each
+/// conflict means another writer's commit landed, so the group as a whole moves on.
+pub(crate) fn with_retry_for<T>(
+    table: &str,
+    bound: Duration,
+    mut write: impl FnMut() -> Result<T>,
+) -> Result<T> {
+    use std::hash::{BuildHasher, Hasher};
+    let started = std::time::Instant::now();
+    let mut wait = Duration::from_millis(20);
+    loop {
+        match write() {
+            Err(e) if is_conflict(&e) && started.elapsed() < bound => {
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u64(wait.as_nanos() as u64);
+                let jitter = (h.finish() % 1000) as u32;
+                std::thread::sleep(wait / 2 + wait / 2 * jitter / 1000);
+                wait = (wait * 2).min(Duration::from_secs(1));
+            }
+            Err(e) if is_conflict(&e) => {
+                return Err(sink_error(
+                    table,
+                    format!("the commit conflicted with other writers for {} s without landing; nothing of this cycle was written, and the next run resumes it (last error: {e})", bound.as_secs()),
+                ))
+            }
+            other => return other,
+        }
+    }
 }
 
 /// DuckLake's own maintenance: merges the small files of the job's tables (and of its marker
 /// table, which gains a file per commit too), expires snapshots older than the retention and
 /// deletes the files no snapshot needs any more.
-fn compact(
+pub(crate) fn compact(
     conn: &Connection,
     catalog: &str,
     tables: &Tables,
@@ -493,7 +576,7 @@ mod tests {
         let mut tries = 0;
         let err = with_retry("lake.windows", || {
             tries += 1;
-            Err(conflict())
+            Err::<(), _>(conflict())
         })
         .unwrap_err()
         .to_string();
@@ -507,12 +590,36 @@ mod tests {
         let mut tries = 0;
         let err = with_retry("t", || {
             tries += 1;
-            Err(sink_error("t", "No space left on device"))
+            Err::<(), _>(sink_error("t", "No space left on device"))
         });
         assert_eq!(tries, 1);
         assert_eq!(
             err.unwrap_err().to_string(),
             "writing to table t: No space left on device"
+        );
+    }
+
+    #[test]
+    fn contended_commits_are_retried_until_the_bound_then_fail_naming_it() {
+        let mut tries = 0;
+        let got = with_retry_for("lake.s", Duration::from_secs(5), || {
+            tries += 1;
+            if tries < 12 {
+                Err(conflict())
+            } else {
+                Ok(tries)
+            }
+        });
+        // More than COMMIT_ATTEMPTS tries: the bound is a time, not a count.
+        assert_eq!(got.unwrap(), 12);
+        let err = with_retry_for("lake.s", Duration::from_millis(300), || {
+            Err::<(), _>(conflict())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("writing to table lake.s: the commit conflicted with other writers for 0 s without landing"),
+            "{err}"
         );
     }
 
@@ -527,7 +634,7 @@ mod tests {
             &["key", "window_start_ms"],
         );
         assert_eq!(
-            merge_sql("\"lake\".\"w\"", &schema, "b(1)"),
+            merge_sql("\"lake\".\"w\"", &schema, "SELECT * FROM b(1)"),
             "MERGE INTO \"lake\".\"w\" AS t USING (SELECT * FROM b(1)) AS s ON (t.\"window_start_ms\" IS NOT DISTINCT FROM s.c0 AND t.\"key\" IS NOT DISTINCT FROM s.c1) WHEN MATCHED THEN UPDATE SET \"count\" = s.c2 WHEN NOT MATCHED THEN INSERT (\"window_start_ms\", \"key\", \"count\") VALUES (s.c0, s.c1, s.c2)"
         );
     }

@@ -40,6 +40,9 @@ pub struct RunPlan {
     pub source: SourceSpec,
     pub kafka: KafkaParams,
     pub partitions: Option<Vec<i32>>,
+    /// The consumer group assigns the partitions; each partition is a task of its own whose
+    /// state is in the output catalog.
+    pub subscribe: bool,
     /// Where a new job begins.
     pub start: Start,
     /// DuckDB's sandbox as the call found it (file sources list and open under it).
@@ -568,6 +571,10 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     if write_mode == WriteMode::Append {
         adapters.insert("write_mode".into(), "'append'".into());
     }
+    let subscribe = given.boolean(ParamId::Subscribe)?.unwrap_or(false);
+    if subscribe {
+        adapters.insert("subscribe".into(), "true".into());
+    }
     let settings = engine.job_settings(&topic, adapters);
     let tables = ByTable {
         windows,
@@ -611,13 +618,22 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         }
         None => None,
     };
+    let partitions = parse_partitions(&given)?;
+    if subscribe && partitions.is_some() {
+        return Err(EtlError::invalid(
+            given.name(ParamId::Subscribe),
+            "cannot be combined with 'partitions': the consumer group assigns the partitions",
+            true,
+        ));
+    }
     Ok(RunPlan {
+        subscribe,
         compaction,
         write_mode,
         start: parse_start(&given, is_kafka)?,
         sandbox,
         kafka,
-        partitions: parse_partitions(&given)?,
+        partitions,
         source,
         tables,
         job: job_config,

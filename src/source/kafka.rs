@@ -5,8 +5,9 @@
 //! keeps reading, and picks up partitions added to the topic. After each checkpoint the same
 //! offsets are committed to the consumer group, for lag tools; the checkpoint stays the truth.
 //! One file for the consumer's whole life (open, start offsets, assignment, reading, waiting,
-//! commits, close): its parts share the consumer's state. Tested against real brokers in
-//! `test/python/test_kafka.py`.
+//! commits, close): its parts share the consumer's state. A `subscribe` run reads each partition
+//! the group assigns it through one of these too, on the group's consumer (`kafka_group.rs`).
+//! Tested against real brokers in `test/python/test_kafka.py` and `test_group.py`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use streaming_etl_core::{EtlError, Gap, Message, Pull, Result, Source, SourcePartition};
@@ -28,17 +29,27 @@ use crate::params::{KafkaParams, Start};
 #[derive(Default)]
 pub struct Context {
     last_error: Mutex<Option<String>>,
+    /// A `subscribe` consumer's rebalance handling (None: partitions assigned explicitly).
+    pub(super) group: Option<super::kafka_group::GroupHooks>,
 }
 
 impl Context {
-    fn set_last_error(&self, error: String) {
+    /// The context of a subscribed consumer.
+    pub(super) fn with_group(group: super::kafka_group::GroupHooks) -> Context {
+        Context {
+            last_error: Mutex::new(None),
+            group: Some(group),
+        }
+    }
+
+    pub(super) fn set_last_error(&self, error: String) {
         *self
             .last_error
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(error);
     }
 
-    fn last_error(&self) -> Option<String> {
+    pub(super) fn last_error(&self) -> Option<String> {
         self.last_error
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -54,7 +65,19 @@ impl ClientContext for Context {
     }
 }
 
-impl ConsumerContext for Context {}
+impl ConsumerContext for Context {
+    /// Only a subscribed consumer is rebalanced; it claims what it is given before reading it.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        if let Some(g) = &self.group {
+            g.rebalance(self, consumer, err, tpl);
+        }
+    }
+}
 
 /// How the source reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,14 +106,18 @@ struct OpenConsumer {
     /// The last offsets sent to the consumer group.
     last_commit: Option<TopicPartitionList>,
     only: Option<Vec<i32>>,
+    /// Whether pulls serve the consumer's callbacks. A group's partitions leave that to the
+    /// run, which repositions the partitions it keeps right after a rebalance, before any of
+    /// them is read again.
+    serves_callbacks: bool,
 }
 
-fn kafka_error(e: &KafkaError) -> String {
+pub(super) fn kafka_error(e: &KafkaError) -> String {
     e.to_string()
 }
 
 /// Messages taken from a partition's queue per call.
-const BATCH: usize = 4096;
+pub(super) const BATCH: usize = 4096;
 
 pub struct KafkaSource {
     reader: Option<OpenConsumer>,
@@ -111,33 +138,7 @@ impl KafkaSource {
     ) -> Result<KafkaSource> {
         let err = |m: String| EtlError::source(source_name, m);
         let timeout = Duration::from_millis(params.timeout_ms as u64);
-        let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", &params.brokers)
-            .set("group.id", &params.group_id)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "true")
-            .set("auto.offset.reset", "earliest")
-            .set(
-                "socket.timeout.ms",
-                params.timeout_ms.clamp(10, 300_000).to_string(),
-            )
-            .set("client.id", "streaming_etl")
-            // librdkafka prefetches up to 64 MiB per partition by default; a few MiB keep the
-            // fetcher ahead of the pipeline without the memory. Once a partition's prefetch is
-            // full, the fetcher pauses it for fetch.queue.backoff.ms (1 s by default): reading
-            // partitions evenly drains it in well under that, so the pause would starve the run.
-            .set("queued.max.messages.kbytes", "16384")
-            .set("fetch.queue.backoff.ms", "5");
-        if opts.follow {
-            // A continuous run waits for new messages: the broker answers a fetch as soon as
-            // data arrives, or after this long.
-            config.set("fetch.wait.max.ms", "100");
-        }
-        for (k, v) in &params.properties {
-            config.set(k, v);
-        }
+        let config = client_config(params, opts.follow);
         let consumer: BaseConsumer<Context> = config
             .create_with_context(Context::default())
             .map_err(|e| err(format!("invalid Kafka configuration: {}", kafka_error(&e))))?;
@@ -188,6 +189,7 @@ impl KafkaSource {
             follow: opts.follow,
             last_commit: None,
             only: only.map(<[i32]>::to_vec),
+            serves_callbacks: true,
         };
         let mut gaps = Vec::new();
         let mut assignment = TopicPartitionList::new();
@@ -230,11 +232,86 @@ impl KafkaSource {
         })
     }
 
+    /// One partition of a subscribed consumer, read from `start` through its own queue (split
+    /// off before the partition was assigned); a bounded run reads it up to `high`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn group_partition(
+        consumer: &Arc<BaseConsumer<Context>>,
+        source_name: &str,
+        topic: &str,
+        brokers: &str,
+        timeout: Duration,
+        follow: bool,
+        queue: PartitionBatches<Context>,
+        (partition, start, high): (i32, i64, i64),
+        gaps: Vec<Gap>,
+    ) -> KafkaSource {
+        let reader = OpenConsumer {
+            topic: topic.to_string(),
+            source_name: source_name.to_string(),
+            brokers: brokers.to_string(),
+            consumer: Arc::clone(consumer),
+            queues: vec![queue],
+            parts: vec![SourcePartition {
+                partition,
+                name: String::new(),
+                identity: String::new(),
+                start_offset: start,
+                gone: false,
+            }],
+            ends: vec![high],
+            next: vec![start],
+            eof_at: vec![None],
+            done: vec![!follow && start >= high],
+            timeout,
+            follow,
+            last_commit: None,
+            only: Some(vec![partition]),
+            serves_callbacks: false,
+        };
+        KafkaSource {
+            reader: Some(reader),
+            gaps,
+        }
+    }
+
     fn reader(&mut self) -> Result<&mut OpenConsumer> {
         self.reader
             .as_mut()
             .ok_or_else(|| EtlError::Internal("Kafka consumer already closed".into()))
     }
+}
+
+/// The consumer's configuration: the source's own settings, then the user's properties.
+pub(super) fn client_config(params: &KafkaParams, follow: bool) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &params.brokers)
+        .set("group.id", &params.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .set(
+            "socket.timeout.ms",
+            params.timeout_ms.clamp(10, 300_000).to_string(),
+        )
+        .set("client.id", "streaming_etl")
+        // librdkafka prefetches up to 64 MiB per partition by default; a few MiB keep the
+        // fetcher ahead of the pipeline without the memory. Once a partition's prefetch is
+        // full, the fetcher pauses it for fetch.queue.backoff.ms (1 s by default): reading
+        // partitions evenly drains it in well under that, so the pause would starve the run.
+        .set("queued.max.messages.kbytes", "16384")
+        .set("fetch.queue.backoff.ms", "5");
+    if follow {
+        // A continuous run waits for new messages: the broker answers a fetch as soon as
+        // data arrives, or after this long.
+        config.set("fetch.wait.max.ms", "100");
+    }
+    for (k, v) in &params.properties {
+        config.set(k, v);
+    }
+    config
 }
 
 enum PartitionsError {
@@ -279,7 +356,7 @@ fn partition_ids(
 }
 
 /// For each partition, the first offset whose timestamp is at or after `t` (None past the end).
-fn offsets_for_time(
+pub(super) fn offsets_for_time(
     consumer: &BaseConsumer<Context>,
     topic: &str,
     ids: &[i32],
@@ -338,6 +415,16 @@ impl OpenConsumer {
         Ok(())
     }
 
+    /// Serves librdkafka's callbacks (errors go to the context).
+    fn serve_callbacks(&self) {
+        if !self.serves_callbacks {
+            return;
+        }
+        if let Some(Err(e)) = self.consumer.poll(Duration::ZERO) {
+            self.consumer.context().set_last_error(kafka_error(&e));
+        }
+    }
+
     fn stalled(&self, idx: usize) -> EtlError {
         let detail = self
             .consumer
@@ -372,9 +459,7 @@ impl OpenConsumer {
             if self.queues[idx].peek().is_none() && self.queues[idx].refill(0) == 0 {
                 if self.follow {
                     // Nothing ready: the run waits between looks (Source::wait).
-                    if let Some(Err(e)) = self.consumer.poll(Duration::ZERO) {
-                        self.consumer.context().set_last_error(kafka_error(&e));
-                    }
+                    self.serve_callbacks();
                     return Ok(Pull::Exhausted);
                 }
                 // Nothing fetched yet: serve librdkafka's callbacks (errors go to the context)
@@ -383,9 +468,7 @@ impl OpenConsumer {
                 if since.elapsed() >= self.timeout {
                     return Err(self.stalled(idx));
                 }
-                if let Some(Err(e)) = self.consumer.poll(Duration::ZERO) {
-                    self.consumer.context().set_last_error(kafka_error(&e));
-                }
+                self.serve_callbacks();
                 self.queues[idx].refill(50);
                 continue;
             }
@@ -408,6 +491,12 @@ impl OpenConsumer {
                 ));
             }
             let offset = m.offset;
+            if offset < self.next[idx] {
+                // Delivered again: the fetcher went back (librdkafka resets a partition's fetch
+                // position in some rebalances); what the job already read is not read twice.
+                queue.advance();
+                continue;
+            }
             let timestamp = m.timestamp;
             self.next[idx] = offset + 1;
             if !self.follow && self.next[idx] >= self.ends[idx] {

@@ -98,6 +98,21 @@ impl<C: ConsumerContext + 'static> PartitionBatches<C> {
         self.len
     }
 
+    /// Drops every message waiting in the queue: a partition assigned again may still hold
+    /// messages fetched for its earlier assignment, from another position.
+    pub fn discard_waiting(&mut self) -> usize {
+        let mut n = 0;
+        loop {
+            let got = self.refill(0);
+            if got == 0 {
+                break;
+            }
+            n += got;
+        }
+        self.release();
+        n
+    }
+
     /// The next message of the current batch.
     pub fn peek(&self) -> Option<KafkaMessage<'_>> {
         if self.pos >= self.len {

@@ -2,3 +2,4 @@
 
 pub mod kafka;
 mod kafka_batch;
+pub mod kafka_group;

@@ -1,4 +1,6 @@
-"""Shared fixtures: the built extension, connections with it loaded, the DuckDB CLI binary."""
+"""Shared fixtures: the built extension, connections with it loaded, the DuckDB CLI binary, the
+Kafka brokers (librdkafka's mock cluster and tansu, one of each per test module) and a PostgreSQL
+server for DuckLake catalogs (per module)."""
 import os
 import subprocess
 import sys
@@ -12,6 +14,9 @@ EXT = os.environ.get("STREAMING_ETL_EXTENSION", os.path.join(ROOT, "build", "rel
 FAULT_EXT = os.environ.get("STREAMING_ETL_FAULT_EXTENSION", os.path.join(ROOT, "build", "fault", "streaming_etl.duckdb_extension"))
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+import lake  # noqa: E402
+from brokers import MockBroker, TansuBroker, tansu_binary  # noqa: E402
 
 
 def connect(db=":memory:"):
@@ -41,3 +46,31 @@ def cli_binary():
 def ext():
     assert os.path.exists(EXT), f"build the extension first: {EXT}"
     return EXT
+
+
+@pytest.fixture(scope="module")
+def mock():
+    b = MockBroker()
+    yield b
+    b.stop()
+
+
+@pytest.fixture(scope="module")
+def tansu():
+    if not os.path.exists(tansu_binary()):
+        pytest.skip("tansu is not installed (.ci/run installs it)")
+    b = TansuBroker()
+    yield b
+    b.stop()
+
+
+@pytest.fixture(params=["mock", "tansu"])
+def broker(request):
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory):
+    pg = lake.Postgres(tmp_path_factory.mktemp("pg") / "data")
+    yield pg
+    pg.stop()

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from brokers import ClientMockBroker, MockBroker, TansuBroker, committed, produce, tansu_binary
+from brokers import ClientMockBroker, MockBroker, committed, produce
 from conftest import HERE, connect
 
 SKEW = sorted(glob.glob("test/data/skew/*.ndjson"))
@@ -21,27 +21,6 @@ SKEW = sorted(glob.glob("test/data/skew/*.ndjson"))
 def lines_of(path):
     with open(path, "rb") as f:
         return f.read().splitlines()
-
-
-@pytest.fixture(scope="module")
-def mock():
-    b = MockBroker()
-    yield b
-    b.stop()
-
-
-@pytest.fixture(scope="module")
-def tansu():
-    if not os.path.exists(tansu_binary()):
-        pytest.skip("tansu is not installed (.ci/run installs it)")
-    b = TansuBroker()
-    yield b
-    b.stop()
-
-
-@pytest.fixture(params=["mock", "tansu"])
-def broker(request):
-    return request.getfixturevalue(request.param)
 
 
 def topic_name():

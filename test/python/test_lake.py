@@ -33,13 +33,6 @@ LATE = "SELECT key, event_time_ms, payload_json, window_start_ms, window_end_ms,
 DEAD = "SELECT topic, partition, \"offset\", raw, error FROM {t}"
 
 
-@pytest.fixture(scope="module")
-def postgres(tmp_path_factory):
-    pg = lake.Postgres(tmp_path_factory.mktemp("pg") / "data")
-    yield pg
-    pg.stop()
-
-
 @pytest.fixture(params=["file", "postgres"])
 def catalog(request, tmp_path, postgres):
     """(catalog, data path) of a fresh lake: a DuckDB-file catalog or a Postgres database."""

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use streaming_etl_core::{
-    read_cycle, reported_watermark, Batch, CycleLimits, Engine, EtlError, OutputSchemas,
+    read_cycle, reported_watermark, Batch, Counters, CycleLimits, Engine, EtlError, OutputSchemas,
     PartitionClock, PartitionProgress, PartitionState, ReadState, Restored, Result, Source, Stop,
     NO_WATERMARK,
 };
@@ -54,6 +54,45 @@ pub struct RunStats {
     pub cycles: u64,
     /// `running` until the last row; then why the run stopped.
     pub status: &'static str,
+}
+
+impl RunStats {
+    /// The row of a run with these totals, started at `started`, stopped by `stop` (None or a
+    /// cycle's end: running); `(open windows, partitions)` as they are now.
+    pub fn new(
+        job: &str,
+        c: Counters,
+        watermark_ms: i64,
+        started: Instant,
+        (open_windows, partitions): (usize, usize),
+        cycles: u64,
+        stop: Option<Stop>,
+    ) -> RunStats {
+        let elapsed = started.elapsed();
+        RunStats {
+            job: job.to_string(),
+            events_consumed: c.events_consumed,
+            windows_emitted: c.windows_emitted,
+            late_events: c.late_events,
+            dead_letters: c.dead_letters,
+            watermark_ms: reported_watermark(watermark_ms),
+            elapsed_ms: elapsed.as_millis() as i64,
+            events_per_sec: if elapsed.as_secs_f64() > 0.0 {
+                c.events_consumed as f64 / elapsed.as_secs_f64()
+            } else {
+                0.0
+            },
+            open_windows: open_windows as u64,
+            partitions: partitions as u64,
+            cycles,
+            status: match stop {
+                None | Some(Stop::CycleEnd) => "running",
+                Some(Stop::CaughtUp) => "caught_up",
+                Some(Stop::MaxMessages) => "max_messages",
+                Some(Stop::MaxRuntime) => "max_runtime",
+            },
+        }
+    }
 }
 
 pub struct Run {
@@ -377,30 +416,14 @@ impl Run {
     }
 
     pub fn stats(&self) -> RunStats {
-        let c = self.engine.counters();
-        let elapsed = self.started.elapsed();
-        RunStats {
-            job: self.cfg.job.clone(),
-            events_consumed: c.events_consumed,
-            windows_emitted: c.windows_emitted,
-            late_events: c.late_events,
-            dead_letters: c.dead_letters,
-            watermark_ms: reported_watermark(self.engine.watermark_ms()),
-            elapsed_ms: elapsed.as_millis() as i64,
-            events_per_sec: if elapsed.as_secs_f64() > 0.0 {
-                c.events_consumed as f64 / elapsed.as_secs_f64()
-            } else {
-                0.0
-            },
-            open_windows: self.engine.open_windows() as u64,
-            partitions: self.source.partitions().len() as u64,
-            cycles: self.cycles,
-            status: match self.stop {
-                None | Some(Stop::CycleEnd) => "running",
-                Some(Stop::CaughtUp) => "caught_up",
-                Some(Stop::MaxMessages) => "max_messages",
-                Some(Stop::MaxRuntime) => "max_runtime",
-            },
-        }
+        RunStats::new(
+            &self.cfg.job,
+            self.engine.counters(),
+            self.engine.watermark_ms(),
+            self.started,
+            (self.engine.open_windows(), self.source.partitions().len()),
+            self.cycles,
+            self.stop,
+        )
     }
 }

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod committer;
 pub mod config;
 pub mod fault;
+pub mod group;
 pub mod job;
 pub mod lock;
 pub mod sink;

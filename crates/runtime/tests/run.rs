@@ -3,29 +3,22 @@
 //! changes nothing). Stop and resume, crashes between the two commits, settings mismatches and
 //! the job lock.
 
+mod common;
+
+use common::{config, FixedClock};
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use streaming_etl_core::{
-    EngineConfig, EtlError, FieldPath, MemorySource, OutputSchemas, OwnedCell, PartitionState,
-    Result, Source, TimeSpec,
+    EtlError, MemorySource, OutputSchemas, OwnedCell, PartitionState, Result, Source,
 };
 use streaming_etl_runtime::checkpoint::Checkpoint;
-use streaming_etl_runtime::clock::Clock;
 use streaming_etl_runtime::config::{CheckpointLocation, JobConfig};
 use streaming_etl_runtime::job::{Run, RunEnv};
 use streaming_etl_runtime::lock::{JobLock, MemoryLocks};
 use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
-
-/// A clock that stands still, so ingest times are the same in every run.
-struct FixedClock;
-
-impl Clock for FixedClock {
-    fn wall_ms(&self) -> i64 {
-        1_700_000_000_000
-    }
-}
 
 /// Table name → primary key (shown) → row.
 type TableRows = BTreeMap<String, BTreeMap<String, Vec<OwnedCell>>>;
@@ -90,62 +83,6 @@ impl OutputSink for MemorySink {
     }
 }
 
-fn ev(key: &str, t: i64, v: f64) -> String {
-    format!(r#"{{"key":"{key}","event_time_ms":{t},"payload":{{"value":{v}}}}}"#)
-}
-
-fn data() -> Vec<Vec<String>> {
-    (0..3)
-        .map(|p| {
-            (0..300)
-                .map(|i| {
-                    let t = 10_000 + i * 37 + p * 11 - if p == 1 { 3000 } else { 0 };
-                    if i % 61 == 5 {
-                        "{bad".to_string()
-                    } else if i % 17 == 3 {
-                        ev(&format!("k{}", i % 4), t - 2500, i as f64)
-                    } else {
-                        ev(&format!("k{}", i % 4), t, i as f64 * 0.5)
-                    }
-                })
-                .collect()
-        })
-        .collect()
-}
-
-fn config(checkpoint: CheckpointLocation, max_messages: Option<u64>, window_ms: i64) -> JobConfig {
-    let path = |p: &str| FieldPath::parse(p).unwrap();
-    let engine = EngineConfig::with_defaults(
-        TimeSpec {
-            window_ms,
-            lateness_ms: 100,
-            idle_timeout_ms: None,
-        },
-        path("key"),
-        path("event_time_ms"),
-        &path("payload.value"),
-    );
-    JobConfig {
-        settings: engine.job_settings("mem", BTreeMap::new()),
-        job: "job".into(),
-        source: "mem".into(),
-        engine,
-        tables: Tables {
-            windows: "windows".into(),
-            late: "late".into(),
-            dead: "dead".into(),
-        },
-        checkpoint,
-        max_messages,
-        max_runtime_ms: None,
-        checkpoint_interval_ms: 1000,
-        flush: true,
-        follow: false,
-        rolling: false,
-        quiet_flush_ms: None,
-    }
-}
-
 struct Harness {
     checkpoint: Checkpoint,
     locks: Arc<MemoryLocks>,
@@ -165,7 +102,7 @@ impl Harness {
     }
 
     fn env(&self, fail_after_write: bool) -> Result<RunEnv> {
-        let messages = data();
+        let messages = common::data(3000);
         Ok(RunEnv {
             checkpoint: self.checkpoint.clone(),
             lock: JobLock::memory(&self.locks, "job")?,

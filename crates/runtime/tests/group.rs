@@ -1,0 +1,299 @@
+//! `subscribe` runs without DuckDB or Kafka: a store that keeps state rows and output tables in
+//! memory (checking each commit's generation as the DuckLake store does) and a group whose
+//! assignment the test sets. A partition handed from one member to another mid-stream ends as
+//! one straight run; a member whose partition was claimed by another cannot commit it, and takes
+//! it back from the last commit if the group still assigns it there.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use streaming_etl_core::{MemorySource, OutputSchemas, OwnedCell, Result, Source};
+use streaming_etl_runtime::config::{CheckpointLocation, JobConfig};
+use streaming_etl_runtime::group::{
+    Claim, Claimer, GroupEnv, GroupEvent, GroupRun, GroupSource, Moved, PartitionCommit,
+    PartitionSnapshot, PartitionStore,
+};
+
+/// The catalog: state rows by partition, and the output rows (windows keyed, as upserts are).
+#[derive(Default)]
+struct Lake {
+    state: BTreeMap<i32, (i64, String, Option<PartitionSnapshot>)>,
+    windows: BTreeMap<String, Vec<OwnedCell>>,
+    late: Vec<Vec<OwnedCell>>,
+    dead: Vec<Vec<OwnedCell>>,
+    /// Partitions another member claims just before this member's next commit.
+    steal: BTreeSet<i32>,
+}
+
+type Shared = Arc<Mutex<Lake>>;
+
+struct Store(Shared);
+
+impl PartitionStore for Store {
+    fn prepare(&mut self, _schemas: &OutputSchemas) -> Result<()> {
+        Ok(())
+    }
+
+    fn claim(&mut self, partition: i32, owner: &str) -> Result<Claim> {
+        let mut lake = self.0.lock().unwrap();
+        let (generation, stored) = lake
+            .state
+            .get(&partition)
+            .map_or((0, None), |(g, _, s)| (*g, s.clone()));
+        lake.state
+            .insert(partition, (generation + 1, owner.into(), stored.clone()));
+        Ok(Claim {
+            partition,
+            generation: generation + 1,
+            stored,
+        })
+    }
+
+    fn commit(&mut self, owner: &str, parts: &[PartitionCommit<'_>]) -> Result<Vec<Moved>> {
+        let mut lake = self.0.lock().unwrap();
+        for p in std::mem::take(&mut lake.steal) {
+            let (g, _, s) = lake
+                .state
+                .get(&p)
+                .cloned()
+                .unwrap_or((0, String::new(), None));
+            lake.state.insert(p, (g + 1, "thief".into(), s));
+        }
+        let moved: Vec<Moved> = parts
+            .iter()
+            .filter_map(|p| {
+                let (g, o, _) = lake.state.get(&p.partition)?;
+                (*g != p.generation || o != owner).then(|| Moved {
+                    partition: p.partition,
+                    our_generation: p.generation,
+                    generation: *g,
+                    owner: o.clone(),
+                })
+            })
+            .collect();
+        if !moved.is_empty() {
+            return Ok(moved);
+        }
+        for p in parts {
+            for mut row in p.batch.windows.to_vec() {
+                row.push(OwnedCell::I32(p.partition));
+                lake.windows.insert(
+                    format!("{:?}", &row[..3]) + &format!("{:?}", row.last()),
+                    row,
+                );
+            }
+            lake.late.extend(p.batch.late.to_vec());
+            lake.dead.extend(p.batch.dead.to_vec());
+            lake.state.insert(
+                p.partition,
+                (p.generation, owner.into(), Some(p.state.clone())),
+            );
+        }
+        Ok(Vec::new())
+    }
+}
+
+/// What the test tells a member's group: assign or revoke partitions at its next poll.
+#[derive(Default)]
+struct Coordinator {
+    pending: BTreeMap<String, Vec<(bool, i32)>>,
+}
+
+struct Group {
+    owner: String,
+    coordinator: Arc<Mutex<Coordinator>>,
+    data: Arc<Vec<Vec<String>>>,
+    claimer: Claimer,
+    assigned: BTreeSet<i32>,
+}
+
+impl Group {
+    fn open(&mut self, p: i32) -> Result<GroupEvent> {
+        let claim = (self.claimer)(p)?;
+        let start = claim.stored.as_ref().map_or(0, |s| s.next_offset);
+        let source = MemorySource::new(vec![self.data[p as usize].clone()], &[start]);
+        Ok(GroupEvent::Assigned {
+            claim,
+            source: Box::new(source) as Box<dyn Source>,
+        })
+    }
+}
+
+impl GroupSource for Group {
+    fn poll(&mut self, _wait: Duration) -> Result<Vec<GroupEvent>> {
+        let changes = self
+            .coordinator
+            .lock()
+            .unwrap()
+            .pending
+            .remove(&self.owner)
+            .unwrap_or_default();
+        let mut events = Vec::new();
+        for (assign, p) in changes {
+            if assign {
+                self.assigned.insert(p);
+                events.push(self.open(p)?);
+            } else {
+                self.assigned.remove(&p);
+                events.push(GroupEvent::Revoked(p));
+            }
+        }
+        Ok(events)
+    }
+
+    fn joined(&self) -> bool {
+        true
+    }
+
+    fn join_timeout(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn committed(&mut self, _offsets: &[(i32, i64)]) {}
+
+    fn reclaim(&mut self, partition: i32) -> Result<Option<GroupEvent>> {
+        if !self.assigned.contains(&partition) {
+            return Ok(None);
+        }
+        self.open(partition).map(Some)
+    }
+
+    fn resume_at(&mut self, _positions: &[(i32, i64)]) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The common job, without the flush; `follow_ms`: a follow run that long.
+fn config(max_messages: Option<u64>, follow_ms: Option<i64>) -> JobConfig {
+    let mut cfg = common::config(CheckpointLocation::Memory, max_messages, 1000);
+    cfg.flush = false;
+    cfg.follow = follow_ms.is_some();
+    cfg.max_runtime_ms = follow_ms;
+    cfg.checkpoint_interval_ms = 300;
+    cfg
+}
+
+struct Cluster {
+    lake: Shared,
+    coordinator: Arc<Mutex<Coordinator>>,
+    data: Arc<Vec<Vec<String>>>,
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        Cluster {
+            lake: Shared::default(),
+            coordinator: Arc::default(),
+            data: Arc::new(common::data(0)),
+        }
+    }
+
+    fn assign(&self, owner: &str, partitions: &[i32], assign: bool) {
+        let mut c = self.coordinator.lock().unwrap();
+        let pending = c.pending.entry(owner.to_string()).or_default();
+        pending.extend(partitions.iter().map(|&p| (assign, p)));
+    }
+
+    fn member(&self, owner: &str, max_messages: Option<u64>, follow_ms: Option<i64>) -> GroupRun {
+        let (coordinator, data, name) = (
+            Arc::clone(&self.coordinator),
+            Arc::clone(&self.data),
+            owner.to_string(),
+        );
+        GroupRun::start(
+            Arc::new(config(max_messages, follow_ms)),
+            GroupEnv {
+                store: Box::new(Store(Arc::clone(&self.lake))),
+                open_group: Box::new(move |claimer| {
+                    Ok(Box::new(Group {
+                        owner: name,
+                        coordinator,
+                        data,
+                        claimer,
+                        assigned: BTreeSet::new(),
+                    }) as Box<dyn GroupSource>)
+                }),
+                clock: Arc::new(common::FixedClock),
+                owner: owner.to_string(),
+            },
+        )
+        .unwrap()
+    }
+
+    fn tables(&self) -> (Vec<Vec<OwnedCell>>, Vec<String>, Vec<String>) {
+        let lake = self.lake.lock().unwrap();
+        let mut late: Vec<String> = lake.late.iter().map(|r| format!("{r:?}")).collect();
+        let mut dead: Vec<String> = lake.dead.iter().map(|r| format!("{r:?}")).collect();
+        late.sort();
+        dead.sort();
+        (lake.windows.values().cloned().collect(), late, dead)
+    }
+}
+
+fn to_end(run: &mut GroupRun) -> &'static str {
+    while run.cycle().unwrap() {}
+    run.stats().status
+}
+
+fn straight() -> (Vec<Vec<OwnedCell>>, Vec<String>, Vec<String>) {
+    let c = Cluster::new();
+    c.assign("s", &[0, 1, 2], true);
+    assert_eq!(to_end(&mut c.member("s", None, None)), "caught_up");
+    c.tables()
+}
+
+#[test]
+fn partitions_handed_between_members_mid_stream_end_as_one_straight_run() {
+    let want = straight();
+    assert!(!want.0.is_empty() && !want.1.is_empty() && !want.2.is_empty());
+    let c = Cluster::new();
+    c.assign("a", &[0, 1, 2], true);
+    assert_eq!(to_end(&mut c.member("a", Some(400), None)), "max_messages");
+    // b takes p1 over where a's commit left it and reads part of it.
+    c.assign("b", &[1], true);
+    assert_eq!(to_end(&mut c.member("b", Some(150), None)), "max_messages");
+    // c, a follow run, reads the rest; then p1 is revoked from it.
+    c.assign("c", &[0, 1, 2], true);
+    let mut m = c.member("c", None, Some(60_000));
+    assert!(m.cycle().unwrap());
+    c.assign("c", &[1], false);
+    assert!(m.cycle().unwrap());
+    assert_eq!(m.partitions(), vec![0, 2]);
+    drop(m);
+    c.assign("d", &[0, 1, 2], true);
+    assert_eq!(to_end(&mut c.member("d", None, None)), "caught_up");
+    assert_eq!(c.tables(), want);
+    let lake = c.lake.lock().unwrap();
+    assert!(lake
+        .state
+        .values()
+        .all(|(g, _, s)| *g >= 3 && s.as_ref().unwrap().next_offset == 300));
+}
+
+#[test]
+fn a_member_whose_partition_was_claimed_cannot_commit_it_and_takes_it_back_from_the_last_commit() {
+    let c = Cluster::new();
+    c.assign("a", &[0], true);
+    let mut a = c.member("a", None, Some(4000));
+    c.lake.lock().unwrap().steal.insert(0);
+    // The whole partition is read in the first cycle; its commit finds a newer owner.
+    assert!(a.cycle().unwrap());
+    assert_eq!(a.moved.len(), 1);
+    assert_eq!(
+        (a.moved[0].partition, a.moved[0].owner.as_str()),
+        (0, "thief")
+    );
+    assert!(a.partitions().is_empty());
+    assert!(c.tables().0.is_empty() && c.tables().2.is_empty());
+    // Still assigned to a by its group: a while later it claims it again, from the last
+    // commit (none: the thief never committed), and writes it once.
+    assert_eq!(to_end(&mut a), "max_runtime");
+    assert_eq!(a.partitions(), vec![0]);
+    let lake = c.lake.lock().unwrap();
+    assert_eq!(lake.state[&0].0, 3);
+    assert_eq!(lake.state[&0].2.as_ref().unwrap().next_offset, 300);
+    assert_eq!(lake.dead.len(), 5);
+}

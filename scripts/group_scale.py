@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""Scale-out measurements for `subscribe := true` (DuckDB 1.4.4's Python: DuckLake, a real
+PostgreSQL catalog from test/python/lake.py, a broker from test/python/brokers.py).
+
+- commits: N members (1, 2, 4, 8) of one job on a 16-partition topic, a producer writing all the
+  time, cycles of 50 ms: DuckLake commits per second into the Postgres catalog (snapshots made),
+  in all and per member, over 10 s once every member owns partitions.
+- cpu: one member, then three, read the same 300,000 messages (12 partitions), `append`: events
+  per CPU-second of the members' processes (utime + stime of their threads from /proc, the host's
+  polling thread excluded), and the ratio.
+- changes: three members while a producer writes; N membership changes at random (kill -9, a
+  SIGSTOP past the session timeout then SIGCONT, a new member), each waited out; then the rows
+  are compared with one straight single-process run: lost and doubled rows, and the pause from
+  each kill to the next commit of the killed member's partitions by another member.
+
+usage: group_scale.py [--quick] [--only commits|cpu|changes] [--broker mock|tansu] [--changes N]
+Prints one JSON line per measurement and a markdown summary at the end.
+"""
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import uuid
+import warnings
+
+warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "test", "python"))
+
+import lake  # noqa: E402
+from brokers import MockBroker, TansuBroker  # noqa: E402
+import group  # noqa: E402
+from group import (Member, assert_same, ends, job_args, lake_env, messages, owned, send,  # noqa: E402
+                   straight, tables, wait_for, wait_until_committed)
+
+WORK = os.path.join(ROOT, "bench-out", "group")
+
+
+class Dir:
+    """A directory under WORK that behaves like pytest's tmp_path for the helpers."""
+
+    def __init__(self, name):
+        import pathlib
+        self.path = pathlib.Path(WORK) / name
+        self.path.mkdir(parents=True, exist_ok=True)
+
+
+def cpu_seconds(pid):
+    """CPU time of a member's threads but its main one: DuckDB 1.4.4's Python client busy-polls
+    `PendingQueryResult::ExecuteTask` on the calling thread while a table function runs on a
+    worker (a core while a follow run waits; the host's, not the run's, as in bench_latency.py)."""
+    total = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        if int(tid) == pid:
+            continue
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def fresh(pg, name):
+    d = Dir(name).path
+    catalog, data = pg.new_database(), str(d / "lakedata")
+    con = lake.connect(d / "reader.duckdb", group.EXT, catalog, data)
+    return d, catalog, data, con
+
+
+def commits(pg, broker, writers_list, seconds=10):
+    out = []
+    for n in writers_list:
+        d, catalog, data, con = fresh(pg, f"commits{n}")
+        topic = "c" + uuid.uuid4().hex[:8]
+        broker.create_topic(topic, 16)
+        env = lake_env(catalog, data)
+        args = job_args(broker.bootstrap, "c", "", "follow=true", "max_runtime_ms=600000",
+                        "checkpoint_interval_ms=50", "write_mode='append'")
+        stop = threading.Event()
+
+        def produce():
+            i = 0
+            while not stop.is_set():
+                line = json.dumps({"key": "k", "event_time_ms": 1_000_000 + i * 10, "payload": {"value": 1}})
+                send(broker.bootstrap, topic, [[("k", line)] for _ in range(16)])
+                i += 1
+                time.sleep(0.02)
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        members = [Member(d, f"m{i}", env, topic, args) for i in range(n)]
+        try:
+            wait_for(lambda: len(owned(con, "c")) == n, members, f"{n} members owning partitions", timeout=300)
+            snap = "SELECT max(snapshot_id) FROM ducklake_snapshots('lake')"
+            before, t0 = con.execute(snap).fetchone()[0], time.time()
+            time.sleep(seconds)
+            after, t1 = con.execute(snap).fetchone()[0], time.time()
+            rate = (after - before) / (t1 - t0)
+            row = {"commits": {"writers": n, "commits_per_s": round(rate, 1), "per_writer": round(rate / n, 1)}}
+            print(json.dumps(row), flush=True)
+            out.append(row["commits"])
+        finally:
+            stop.set()
+            producer.join()
+            for m in members:
+                m.stop()
+            con.close()
+    return out
+
+
+def cpu(pg, broker, total=300_000):
+    topic = "u" + uuid.uuid4().hex[:8]
+    broker.create_topic(topic, group.PARTITIONS)
+    for start in range(0, total, 50_000):
+        send(broker.bootstrap, topic, messages(start, 50_000))
+    want = ends(broker.bootstrap, topic)
+    result = {}
+    for n in (1, 3):
+        d, catalog, data, con = fresh(pg, f"cpu{n}")
+        env = lake_env(catalog, data)
+        args = job_args(broker.bootstrap, f"cpu{n}", "", "follow=true", "max_runtime_ms=600000", "write_mode='append'")
+        members = [Member(d, f"m{i}", env, topic, args) for i in range(n)]
+        try:
+            wait_until_committed(con, f"cpu{n}", want, members, timeout=600)
+            secs = sum(cpu_seconds(m.proc.pid) for m in members)
+        finally:
+            for m in members:
+                m.stop()
+            con.close()
+        result[n] = {"cpu_s": round(secs, 2), "events_per_cpu_s": round(total / secs)}
+    result["ratio_3_to_1"] = round(result[3]["events_per_cpu_s"] / result[1]["events_per_cpu_s"], 2)
+    print(json.dumps({"cpu": result}), flush=True)
+    return result
+
+
+def changes(pg, broker, count, seed=7):
+    rnd = random.Random(seed)
+    d, catalog, data, con = fresh(pg, f"changes-{broker.name}")
+    topic = "m" + uuid.uuid4().hex[:8]
+    broker.create_topic(topic, group.PARTITIONS)
+    env = lake_env(catalog, data)
+    args = job_args(broker.bootstrap, "group", "", "follow=true", "max_runtime_ms=3600000",
+                    "checkpoint_interval_ms=300")
+    stop = threading.Event()
+    produced = [0]
+
+    def produce():
+        while not stop.is_set():
+            send(broker.bootstrap, topic, messages(produced[0], 1000))
+            produced[0] += 1000
+            time.sleep(0.5)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    members = [Member(d, f"m{i}", env, topic, args) for i in range(3)]
+    names = 3
+    done = {"kill": 0, "pause": 0, "join": 0}
+    pauses = []
+    try:
+        wait_for(lambda: len(owned(con, "group")) == 3, members, "three members owning partitions", timeout=300)
+        for _ in range(count):
+            alive = [m for m in members if m.proc.poll() is None]
+            action = rnd.choice(["kill", "pause", "join"] if 2 <= len(alive) <= 3 else
+                                (["join"] if len(alive) < 2 else ["kill", "pause"]))
+            if action == "join":
+                names += 1
+                members.append(Member(d, f"m{names}", env, topic, args))
+                wait_for(lambda: members[-1].proc.pid in owned(con, "group"), members, "the new member", timeout=300)
+            else:
+                victim = max(alive, key=lambda m: owned(con, "group").get(m.proc.pid, 0))
+                rows = con.execute("SELECT partition, seq FROM lake.streaming_etl_partitions WHERE job = 'group' AND owner LIKE ?",
+                                   [f"% pid {victim.proc.pid} %"]).fetchall()
+                seqs = dict(rows)
+                t0 = time.time()
+                victim.signal(signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+                if action == "pause" and broker.name == "tansu":
+                    # tansu 0.6 expires a silent member only while the group rebalances (after
+                    # max.poll.interval.ms), not at its session timeout: a member joining makes it.
+                    names += 1
+                    members.append(Member(d, f"m{names}", env, topic, args))
+                    done["join"] += 1
+
+                def moved_and_committed():
+                    now = dict(con.execute(
+                        "SELECT partition, seq FROM lake.streaming_etl_partitions WHERE job = 'group' AND owner NOT LIKE ?",
+                        [f"% pid {victim.proc.pid} %"]).fetchall())
+                    return any(p in now and now[p] > s for p, s in seqs.items())
+
+                wait_for(moved_and_committed, members, "the victim's partitions to be committed elsewhere", timeout=300)
+                if action == "kill":
+                    pauses.append(time.time() - t0)
+                else:
+                    victim.signal(signal.SIGCONT)
+            done[action] += 1
+            print(json.dumps({"change": action, "members": len([m for m in members if m.proc.poll() is None])}), flush=True)
+        stop.set()
+        producer.join()
+        wait_until_committed(con, "group", ends(broker.bootstrap, topic), members, timeout=600)
+    finally:
+        stop.set()
+        producer.join()
+        for m in members:
+            m.stop()
+    got = tables(con, "")
+    want = straight(d, env, con, broker.bootstrap, topic)
+    from collections import Counter
+    lost = sum(sum((Counter(w) - Counter(g)).values()) for g, w in zip(got, want))
+    doubled = sum(sum((Counter(g) - Counter(w)).values()) for g, w in zip(got, want))
+    assert_same(got, want)
+    pauses.sort()
+    result = {"broker": broker.name, "changes": done, "messages": produced[0], "lost": lost, "doubled": doubled,
+              "kill_pause_s": {"min": round(pauses[0], 1), "median": round(pauses[len(pauses) // 2], 1),
+                               "max": round(pauses[-1], 1)} if pauses else None,
+              "session_timeout_ms": group.SESSION_MS}
+    print(json.dumps({"changes": result}), flush=True)
+    return result
+
+
+def main():
+    args = sys.argv[1:]
+    quick = "--quick" in args
+    only = args[args.index("--only") + 1] if "--only" in args else None
+    broker_name = args[args.index("--broker") + 1] if "--broker" in args else "mock"
+    count = int(args[args.index("--changes") + 1]) if "--changes" in args else (6 if quick else 30)
+    import shutil
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    pg = lake.Postgres(os.path.join(WORK, "pg"))
+    broker = TansuBroker() if broker_name == "tansu" else MockBroker()
+    results = {}
+    try:
+        if only in (None, "commits"):
+            results["commits"] = commits(pg, broker, [1, 2] if quick else [1, 2, 4, 8])
+        if only in (None, "cpu"):
+            results["cpu"] = cpu(pg, broker, 60_000 if quick else 300_000)
+        if only in (None, "changes"):
+            results["changes"] = changes(pg, broker, count)
+    finally:
+        broker.stop()
+        pg.stop()
+    print(json.dumps({"group": results}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,438 @@
+//! Partition state in the output catalog, for `subscribe` runs: one row per (job, partition)
+//! in `streaming_etl_partitions` beside the windows table, holding the partition's offset,
+//! watermark and open windows under its owner's generation. A cycle's rows and the new state
+//! rows are one transaction, so a partition's next owner resumes exactly from the last commit.
+//!
+//! Fencing: DuckLake does not see two inserts into one table as a conflict, but it does fail a
+//! commit that deletes a row another commit deleted first. So every claim and every commit
+//! deletes the partition's current state row and inserts its successor: two members writing
+//! one partition at once collide, and the one that retries finds the row's generation is no
+//! longer its own. Claims also replace one anchor row, so two claims of a partition that has no
+//! state row yet collide too.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use duckdb::types::Value;
+use duckdb::Connection;
+use streaming_etl_core::{
+    Batch, ByTable, ColumnType, EtlError, JobSettings, OutputSchemas, Result, Rows, TableSchema,
+};
+use streaming_etl_runtime::group::{
+    parse_settings, settings_text, Claim, Moved, PartitionCommit, PartitionSnapshot, PartitionStore,
+};
+
+use crate::catalog::OutputCatalog;
+use crate::host::PooledConn;
+use crate::params::{Compaction, TableName, WriteMode};
+use crate::sink::{
+    compact, ensure_table, insert_parts, sink_error, with_retry, with_retry_for, Part, Verb,
+};
+
+/// How long claims and commits retry conflicts: the members of a job contend for the state
+/// table all the time (claims on its anchor row, commits where one file holds rows of
+/// partitions that now have different owners).
+const CONTENDED_FOR: Duration = Duration::from_secs(60);
+
+/// The state table's name, beside the windows table.
+pub const STATE_TABLE: &str = "streaming_etl_partitions";
+
+const STATE_COLUMNS: &str = "job VARCHAR, \"partition\" INTEGER, generation BIGINT, owner VARCHAR, seq BIGINT, next_offset BIGINT, max_event_time_ms BIGINT, last_delivery_ms BIGINT, watermark_ms BIGINT, open_windows BLOB, settings VARCHAR, committed_ms BIGINT";
+
+/// The windows table of a `subscribe` run: a `partition` column, part of the key.
+pub fn windows_with_partition(schema: &TableSchema) -> TableSchema {
+    let mut cols: Vec<(&str, ColumnType)> = schema
+        .columns
+        .iter()
+        .map(|c| (c.name.as_str(), c.ty))
+        .collect();
+    cols.push(("partition", ColumnType::Integer));
+    let mut key: Vec<&str> = schema.primary_key.iter().map(String::as_str).collect();
+    key.push("partition");
+    TableSchema::new(&cols, &key)
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn duck(table: &str) -> impl Fn(duckdb::Error) -> EtlError + '_ {
+    move |e| sink_error(table, e)
+}
+
+/// A state row's owner, as read back.
+struct Owner {
+    generation: i64,
+    owner: String,
+    seq: i64,
+}
+
+pub struct LakeStore {
+    conn: PooledConn,
+    job: String,
+    settings: JobSettings,
+    settings_text: String,
+    mode: WriteMode,
+    tables: ByTable<String>,
+    state: String,
+    catalog: OutputCatalog,
+    compaction: Option<Compaction>,
+    schemas: Option<OutputSchemas>,
+    commits: i64,
+}
+
+impl LakeStore {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        conn: PooledConn,
+        job: &str,
+        settings: &JobSettings,
+        mode: WriteMode,
+        tables: &ByTable<TableName>,
+        catalog: OutputCatalog,
+        compaction: Option<Compaction>,
+    ) -> LakeStore {
+        LakeStore {
+            conn,
+            job: job.to_string(),
+            settings_text: settings_text(settings),
+            settings: settings.clone(),
+            mode,
+            tables: tables.as_ref().map(TableName::sql),
+            state: tables.windows.sibling(STATE_TABLE).sql(),
+            catalog,
+            compaction,
+            schemas: None,
+            commits: 0,
+        }
+    }
+
+    fn verb(&self) -> Verb {
+        match self.mode {
+            WriteMode::Upsert => Verb::Merge,
+            WriteMode::Append => Verb::Insert,
+        }
+    }
+
+    /// The current owner of each of `partitions` (the newest of its state rows), read in one
+    /// query.
+    fn owners(&self, conn: &Connection, partitions: &[i32]) -> Result<BTreeMap<i32, Owner>> {
+        let list: Vec<String> = partitions.iter().map(i32::to_string).collect();
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT \"partition\", generation, owner, seq FROM {} WHERE job = ? AND \"partition\" IN ({})",
+                self.state,
+                list.join(", ")
+            ))
+            .map_err(duck(&self.state))?;
+        let rows = stmt
+            .query_map(duckdb::params![self.job], |r| {
+                Ok((
+                    r.get::<_, i32>(0)?,
+                    Owner {
+                        generation: r.get(1)?,
+                        owner: r.get(2)?,
+                        seq: r.get(3)?,
+                    },
+                ))
+            })
+            .map_err(duck(&self.state))?
+            .collect::<duckdb::Result<Vec<_>>>()
+            .map_err(duck(&self.state))?;
+        let mut newest: BTreeMap<i32, Owner> = BTreeMap::new();
+        for (p, o) in rows {
+            let newer = newest
+                .get(&p)
+                .is_none_or(|n| (o.generation, &o.owner) > (n.generation, &n.owner));
+            if newer {
+                newest.insert(p, o);
+            }
+        }
+        Ok(newest)
+    }
+
+    fn try_claim(&self, conn: &Connection, partition: i32, owner: &str) -> Result<Claim> {
+        let st = &self.state;
+        conn.execute_batch("BEGIN TRANSACTION").map_err(duck(st))?;
+        let current = conn
+            .prepare(&format!(
+                "SELECT generation, seq, next_offset, max_event_time_ms, last_delivery_ms, watermark_ms, open_windows, settings FROM {st} WHERE job = ? AND \"partition\" = ? ORDER BY generation DESC, owner DESC LIMIT 1"
+            ))
+            .map_err(duck(st))?
+            .query_map(duckdb::params![self.job, partition], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, Option<i64>>(2)?,
+                    r.get::<_, Option<i64>>(3)?,
+                    r.get::<_, Option<i64>>(4)?,
+                    r.get::<_, Option<i64>>(5)?,
+                    r.get::<_, Option<Vec<u8>>>(6)?,
+                    r.get::<_, Option<String>>(7)?,
+                ))
+            })
+            .map_err(duck(st))?
+            .next()
+            .transpose()
+            .map_err(duck(st))?;
+        let (generation, seq, stored) = match current {
+            Some((
+                generation,
+                seq,
+                next_offset,
+                max_et,
+                last_delivery,
+                watermark,
+                open,
+                settings,
+            )) => {
+                if let Some(text) = settings.filter(|t| *t != self.settings_text) {
+                    let stored = parse_settings(&text);
+                    let (setting, was, now) = stored
+                        .as_ref()
+                        .and_then(|s| s.first_difference(&self.settings))
+                        .unwrap_or_else(|| {
+                            ("settings".into(), text.clone(), self.settings_text.clone())
+                        });
+                    return Err(EtlError::SettingsChanged {
+                        job: self.job.clone(),
+                        setting,
+                        stored: was,
+                        requested: now,
+                    });
+                }
+                let snapshot = next_offset.map(|next_offset| PartitionSnapshot {
+                    seq,
+                    next_offset,
+                    max_event_time_ms: max_et,
+                    last_delivery_ms: last_delivery.unwrap_or_else(now_ms),
+                    watermark_ms: watermark.unwrap_or(streaming_etl_core::NO_WATERMARK),
+                    open_windows: open,
+                });
+                (generation, seq, snapshot)
+            }
+            None => (0, 0, None),
+        };
+        // Claims of one lake serialize on the anchor row (see the module's comment).
+        conn.execute_batch(&format!(
+            "DELETE FROM {st} WHERE job = '' AND \"partition\" = -1; INSERT INTO {st} (job, \"partition\", generation, owner, seq) VALUES ('', -1, 0, '', 0)"
+        ))
+        .map_err(duck(st))?;
+        conn.execute(
+            &format!("DELETE FROM {st} WHERE job = ? AND \"partition\" = ?"),
+            duckdb::params![self.job, partition],
+        )
+        .map_err(duck(st))?;
+        let generation = generation + 1;
+        let s = stored.as_ref();
+        conn.execute(
+            &format!("INSERT INTO {st} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+            duckdb::params![
+                self.job,
+                partition,
+                generation,
+                owner,
+                seq,
+                s.map(|s| s.next_offset),
+                s.and_then(|s| s.max_event_time_ms),
+                s.map(|s| s.last_delivery_ms),
+                s.map(|s| s.watermark_ms),
+                s.and_then(|s| s.open_windows.clone()),
+                self.settings_text,
+                now_ms(),
+            ],
+        )
+        .map_err(duck(st))?;
+        conn.execute_batch("COMMIT").map_err(duck(st))?;
+        Ok(Claim {
+            partition,
+            generation,
+            stored,
+        })
+    }
+
+    fn try_commit(
+        &self,
+        conn: &Connection,
+        owner: &str,
+        parts: &[PartitionCommit<'_>],
+        schemas: &OutputSchemas,
+    ) -> Result<Vec<Moved>> {
+        let st = &self.state;
+        conn.execute_batch("BEGIN TRANSACTION").map_err(duck(st))?;
+        let mut moved = Vec::new();
+        let mut landed = 0;
+        let ids: Vec<i32> = parts.iter().map(|p| p.partition).collect();
+        let owners = self.owners(conn, &ids)?;
+        for p in parts {
+            match owners.get(&p.partition) {
+                Some(o) if o.generation == p.generation && o.owner == owner => {
+                    if o.seq >= p.state.seq {
+                        landed += 1;
+                    }
+                }
+                other => moved.push(Moved {
+                    partition: p.partition,
+                    our_generation: p.generation,
+                    generation: other.map_or(0, |o| o.generation),
+                    owner: other.map_or_else(|| "no owner".into(), |o| o.owner.clone()),
+                }),
+            }
+        }
+        if !moved.is_empty() || landed == parts.len() {
+            // Nothing to write: partitions moved (the caller commits the others alone), or an
+            // earlier attempt whose outcome was unknown did land.
+            conn.execute_batch("ROLLBACK").map_err(duck(st))?;
+            return Ok(moved);
+        }
+        if landed > 0 {
+            return Err(EtlError::Internal(format!(
+                "the state rows of job '{}' show part of one commit: {landed} of {} partitions",
+                self.job,
+                parts.len()
+            )));
+        }
+        let verb = self.verb();
+        let pick: [fn(&Batch) -> &Rows; 3] = [|b| &b.windows, |b| &b.late, |b| &b.dead];
+        let targets = [
+            (&self.tables.windows, &schemas.windows),
+            (&self.tables.late, &schemas.late),
+            (&self.tables.dead, &schemas.dead),
+        ];
+        for (i, ((table, schema), rows_of)) in targets.into_iter().zip(pick).enumerate() {
+            let rows: Vec<Part<'_>> = parts
+                .iter()
+                .map(|p| Part {
+                    rows: rows_of(p.batch),
+                    // Late events and dead letters have a partition column of their own.
+                    partition: (i == 0).then_some(p.partition),
+                })
+                .collect();
+            insert_parts(conn, table, schema, &rows, verb)?;
+        }
+        let list: Vec<String> = parts.iter().map(|p| p.partition.to_string()).collect();
+        conn.execute(
+            &format!(
+                "DELETE FROM {st} WHERE job = ? AND \"partition\" IN ({})",
+                list.join(", ")
+            ),
+            duckdb::params![self.job],
+        )
+        .map_err(duck(st))?;
+        // One statement for all the state rows: DuckLake writes a file per insert.
+        let now = now_ms();
+        let mut values = Vec::with_capacity(parts.len() * 12);
+        for p in parts {
+            let s = &p.state;
+            let opt = |v: Option<i64>| v.map_or(Value::Null, Value::BigInt);
+            values.extend([
+                Value::Text(self.job.clone()),
+                Value::Int(p.partition),
+                Value::BigInt(p.generation),
+                Value::Text(owner.to_string()),
+                Value::BigInt(s.seq),
+                Value::BigInt(s.next_offset),
+                opt(s.max_event_time_ms),
+                Value::BigInt(s.last_delivery_ms),
+                Value::BigInt(s.watermark_ms),
+                s.open_windows.clone().map_or(Value::Null, Value::Blob),
+                Value::Text(self.settings_text.clone()),
+                Value::BigInt(now),
+            ]);
+        }
+        let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+        let rows = vec![row; parts.len()].join(", ");
+        conn.execute(
+            &format!("INSERT INTO {st} VALUES {rows}"),
+            duckdb::params_from_iter(values),
+        )
+        .map_err(duck(st))?;
+        streaming_etl_runtime::fault::crash_point("sink-before-commit");
+        conn.execute_batch("COMMIT")
+            .map_err(duck(&self.tables.windows))?;
+        Ok(Vec::new())
+    }
+}
+
+impl PartitionStore for LakeStore {
+    fn prepare(&mut self, schemas: &OutputSchemas) -> Result<()> {
+        let conn = self.conn.conn()?;
+        let mut schemas = schemas.clone();
+        schemas.windows = windows_with_partition(&schemas.windows);
+        for (table, schema) in self.tables.as_ref().zip(schemas.as_ref()).iter() {
+            with_retry(table, || {
+                ensure_table(conn, table, &schema.without_key(), false)
+                    .inspect_err(|_| {
+                        let _ = conn.execute_batch("ROLLBACK");
+                    })
+                    .map(drop)
+            })?;
+        }
+        let st = &self.state;
+        // Created with its anchor row in one transaction: two jobs creating it at once
+        // conflict, and the one that retries finds it made.
+        with_retry(st, || {
+            let created = conn.execute_batch(&format!(
+                "BEGIN TRANSACTION; CREATE TABLE {st} ({STATE_COLUMNS}); INSERT INTO {st} (job, \"partition\", generation, owner, seq) VALUES ('', -1, 0, '', 0); COMMIT"
+            ));
+            match created {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    if e.to_string().contains("already exists") {
+                        Ok(())
+                    } else {
+                        Err(sink_error(st, e))
+                    }
+                }
+            }
+        })?;
+        self.schemas = Some(schemas);
+        Ok(())
+    }
+
+    fn claim(&mut self, partition: i32, owner: &str) -> Result<Claim> {
+        let conn = self.conn.conn()?;
+        with_retry_for(&self.state, CONTENDED_FOR, || {
+            self.try_claim(conn, partition, owner).inspect_err(|_| {
+                let _ = conn.execute_batch("ROLLBACK");
+            })
+        })
+    }
+
+    fn commit(&mut self, owner: &str, parts: &[PartitionCommit<'_>]) -> Result<Vec<Moved>> {
+        if parts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let conn = self.conn.conn()?;
+        let schemas = self
+            .schemas
+            .clone()
+            .ok_or_else(|| EtlError::Internal("commit before prepare".into()))?;
+        let moved = with_retry_for(&self.tables.windows, CONTENDED_FOR, || {
+            self.try_commit(conn, owner, parts, &schemas)
+                .inspect_err(|_| {
+                    let _ = conn.execute_batch("ROLLBACK");
+                })
+        })?;
+        if moved.is_empty() {
+            self.commits += 1;
+            if let Some(c) = &self.compaction {
+                if self.commits % c.every == 0 {
+                    // The state table is not merged: merged, one file would hold every member's
+                    // rows and all their commits would conflict on it. A state row replaced
+                    // leaves no live file behind (DuckLake ends a file whose rows are all
+                    // deleted), so its files stay about one per member.
+                    if let Err(e) =
+                        compact(conn, &self.catalog.name, &self.tables, None, c.retain_ms)
+                    {
+                        eprintln!("streaming_etl: {e} (tried again in {} cycles)", c.every);
+                    }
+                }
+            }
+        }
+        Ok(moved)
+    }
+}

@@ -1,0 +1,138 @@
+"""`subscribe := true`: several processes share a topic through Kafka's consumer group, each
+partition a task of its own whose state is committed into the output DuckLake with its rows.
+Processes join, are killed with SIGKILL and are paused past the session timeout while a producer
+writes; at the end the rows equal one straight single-process `subscribe` run over the same
+messages, on librdkafka's mock cluster and on tansu, with the lake's catalog in PostgreSQL.
+Two members racing on the same partitions write each row once.
+
+Runs on the DuckDB 1.4 host (DuckLake); other hosts skip it."""
+import signal
+import threading
+import time
+import uuid
+
+import duckdb
+import pytest
+
+import lake
+from group import (EXT, GROUP_KAFKA, PARTITIONS, Member, assert_same, bounded_runs, ends, group_job,
+                   job_args, lake_env, messages, new_lake, owned, send, straight, tables, wait_for,
+                   wait_until_committed)
+
+pytestmark = pytest.mark.skipif(
+    not lake.HAVE_LAKE,
+    reason=f"DuckLake's extensions exist for DuckDB 1.4.4 only (this host is {duckdb.__version__}); make pytest runs this file on .venv/lts")
+
+
+def test_members_that_join_die_and_pause_lose_and_double_nothing(tmp_path, postgres, broker):
+    topic, con, env, args = group_job(tmp_path, postgres, broker, "group", "follow=true",
+                                      "max_runtime_ms=600000", "checkpoint_interval_ms=300")
+    send(broker.bootstrap, topic, messages(0, 3000))
+    members = [Member(tmp_path, f"m{i}", env, topic, args) for i in range(3)]
+    produced = 3000
+
+    def produce_more():
+        nonlocal produced
+        for _ in range(30):
+            send(broker.bootstrap, topic, messages(produced, 1500))
+            produced += 1500
+            time.sleep(1)
+
+    producer = threading.Thread(target=produce_more)
+    producer.start()
+    try:
+        wait_for(lambda: len(owned(con, "group")) == 3, members, "three members owning partitions")
+        victim = max(members, key=lambda m: owned(con, "group").get(m.proc.pid, 0))
+        victim.stop()                                        # killed: its partitions move
+        wait_for(lambda: victim.proc.pid not in owned(con, "group"), members, "the killed member's partitions to move")
+        members.append(Member(tmp_path, "m3", env, topic, args))    # a new member joins
+        wait_for(lambda: members[-1].proc.pid in owned(con, "group"), members, "the new member to own partitions")
+        paused = max((m for m in members if m.proc.poll() is None),
+                     key=lambda m: owned(con, "group").get(m.proc.pid, 0))
+        paused.signal(signal.SIGSTOP)                        # paused past the session timeout
+        if broker.name == "tansu":
+            # tansu 0.6 expires a silent member only while the group rebalances (after
+            # max.poll.interval.ms), not at its session timeout: a member joining makes it.
+            members.append(Member(tmp_path, "m4", env, topic, args))
+        wait_for(lambda: paused.proc.pid not in owned(con, "group"), members,
+                 lambda: f"the partitions of the paused member {paused.proc.pid} to move: {owned(con, 'group')}")
+        paused.signal(signal.SIGCONT)
+        producer.join()
+        wait_until_committed(con, "group", ends(broker.bootstrap, topic), members)
+    finally:
+        producer.join()
+        for m in members:
+            m.stop()
+    owners = con.execute("SELECT count(DISTINCT owner), max(generation) FROM lake.streaming_etl_partitions WHERE job = 'group'").fetchone()
+    assert owners[1] >= 2, owners   # partitions did move
+    want = straight(tmp_path, env, con, broker.bootstrap, topic)
+    got = tables(con, "")
+    assert_same(got, want)
+    # Every key is in one partition: merged over partitions, the rows are one per key and window.
+    merged = con.execute("SELECT count(*) FROM (SELECT key, window_start_ms FROM lake.windows GROUP BY ALL HAVING count(*) > 1)").fetchone()
+    assert merged == (0,)
+
+
+def test_a_straight_subscribe_run_equals_a_run_in_pieces_by_several_members(tmp_path, postgres, mock):
+    """Bounded runs, one after another and two at once, end where one straight run ends."""
+    topic = "p" + uuid.uuid4().hex[:8]
+    mock.create_topic(topic, PARTITIONS)
+    catalog, data, con = new_lake(tmp_path, postgres)
+    env = lake_env(catalog, data)
+    args = job_args(mock.bootstrap, "pieces", "")
+    for piece in range(3):
+        send(mock.bootstrap, topic, messages(piece * 2000, 2000, seed=3, keyed=False))
+        bounded_runs(tmp_path, [f"r{piece}{i}" for i in range(1 + piece % 2)], env, topic, args)
+    # Whatever the pieces left unread (a member that left early) the next bounded run reads.
+    bounded_runs(tmp_path, ["last"], env, topic, args)
+    assert_same(tables(con, ""), straight(tmp_path, env, con, mock.bootstrap, topic))
+
+
+def test_subscribe_needs_a_lake_and_the_group_to_assign_partitions(tmp_path, mock):
+    con = lake.connect(tmp_path / "host.duckdb", EXT)
+    topic = "b" + uuid.uuid4().hex[:8]
+    mock.create_topic(topic, 2)
+    with pytest.raises(duckdb.Error) as e:
+        con.execute(f"SELECT * FROM streaming_etl_run('{topic}', 1000, 0, brokers := '{mock.bootstrap}', subscribe := true)").fetchall()
+    assert ("invalid parameter 'subscribe': keeps each partition's state in the output catalog, which every process "
+            "of the group must be able to write at once (a DuckLake); the output tables are in catalog 'host' of type "
+            "duckdb, which one process at a time can write (got true)") in str(e.value)
+    with pytest.raises(duckdb.Error) as e:
+        con.execute(f"SELECT * FROM streaming_etl_run('{topic}', 1000, 0, brokers := '{mock.bootstrap}', subscribe := true, partitions := [0])").fetchall()
+    assert "invalid parameter 'subscribe': cannot be combined with 'partitions': the consumer group assigns the partitions (got true)" in str(e.value)
+    assert con.execute("SELECT count(*) FROM duckdb_tables()").fetchone() == (0,)
+
+
+def test_settings_that_differ_from_the_stored_ones_fail_the_claim(tmp_path, postgres, mock):
+    topic = "s" + uuid.uuid4().hex[:8]
+    mock.create_topic(topic, PARTITIONS)
+    catalog, data, con = new_lake(tmp_path, postgres)
+    send(mock.bootstrap, topic, messages(0, 500))
+    sql = (f"SELECT * FROM streaming_etl_run('{topic}', WINDOW, 200, brokers := '{mock.bootstrap}', subscribe := true, "
+           f"job := 'j', windows_table := 'lake.windows', kafka := {GROUP_KAFKA})")
+    assert con.execute(sql.replace('WINDOW', '1000')).fetchall()[-1][1] == 500
+    with pytest.raises(duckdb.Error) as e:
+        con.execute(sql.replace('WINDOW', '2000')).fetchall()
+    assert "window_ms" in str(e.value) and "1000" in str(e.value) and "2000" in str(e.value), str(e.value)
+
+
+def test_two_members_racing_on_the_same_partitions_write_each_row_once(tmp_path, postgres, mock):
+    """Two processes in different consumer groups run one job: each group assigns every
+    partition to its member, so both claim and commit the same partitions at once. Each commit
+    replaces the partition's state row, so two commits for one partition collide in the lake and
+    the one that finds a newer generation writes nothing: the rows are those of one run."""
+    topic, con, env, args = group_job(tmp_path, postgres, mock, "race", "follow=true",
+                                      "max_runtime_ms=600000", "checkpoint_interval_ms=200")
+    members = [Member(tmp_path, f"r{i}", env, topic, [*args, f"group_id='race{i}'"]) for i in range(2)]
+    try:
+        # Both members hold every partition once their groups have assigned it; meanwhile both
+        # keep committing what arrives.
+        for i in range(24):
+            send(mock.bootstrap, topic, messages(i * 500, 500, seed=5, keyed=False))
+            time.sleep(0.5)
+        wait_until_committed(con, "race", ends(mock.bootstrap, topic), members)
+    finally:
+        for m in members:
+            m.stop()
+    assert any("moved to another member" in m.stderr() for m in members), [m.stderr()[-300:] for m in members]
+    assert_same(tables(con, ""), straight(tmp_path, env, con, mock.bootstrap, topic))
