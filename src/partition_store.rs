@@ -11,13 +11,14 @@
 //! state row yet collide too.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use duckdb::types::Value;
 use duckdb::Connection;
 use streaming_etl_core::{
     Batch, ByTable, ColumnType, EtlError, JobSettings, OutputSchemas, Result, Rows, TableSchema,
 };
+use streaming_etl_runtime::clock::{Clock, SystemClock};
 use streaming_etl_runtime::group::{
     parse_settings, settings_text, Claim, Moved, PartitionCommit, PartitionSnapshot, PartitionStore,
 };
@@ -53,9 +54,7 @@ pub fn windows_with_partition(schema: &TableSchema) -> TableSchema {
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+    SystemClock.wall_ms()
 }
 
 fn duck(table: &str) -> impl Fn(duckdb::Error) -> EtlError + '_ {

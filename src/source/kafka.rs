@@ -197,30 +197,20 @@ impl KafkaSource {
             let (low, high) = consumer
                 .fetch_watermarks(topic, p, timeout)
                 .map_err(|e| unreachable(e, consumer.context()))?;
-            let start = match offsets.get(&p) {
-                Some(&next) if next < low => {
-                    gaps.push(Gap {
-                        partition: p,
-                        from: next,
-                        message: format!(
-                            "messages at offsets {next} to {} were deleted by the broker (retention) before this job read them",
-                            low - 1
-                        ),
-                    });
-                    low
-                }
-                Some(&next) => next,
-                None if first_run => match opts.start {
-                    Start::Earliest => low,
-                    Start::Latest => high,
-                    Start::Time(_) => by_time
-                        .as_ref()
-                        .and_then(|m| m.get(&p).copied())
-                        .unwrap_or(high)
-                        .clamp(low, high),
-                },
-                None => low,
+            let by_time = by_time.as_ref().and_then(|m| m.get(&p).copied());
+            let new = if first_run {
+                opts.start
+            } else {
+                Start::Earliest
             };
+            let start = start_offset(
+                p,
+                offsets.get(&p).copied(),
+                (low, high),
+                new,
+                by_time,
+                &mut gaps,
+            );
             reader.add(p, start, high, &mut assignment).map_err(err)?;
         }
         consumer
@@ -312,6 +302,38 @@ pub(super) fn client_config(params: &KafkaParams, follow: bool) -> ClientConfig 
         config.set(k, v);
     }
     config
+}
+
+/// Where partition `p` (offsets `low..high` on the broker) is read from: its `stored` next
+/// offset, moved up to `low` with a gap when retention deleted what it pointed at; without one,
+/// where `new` says (`by_time`: the first offset at or after its time, when it has one).
+pub(super) fn start_offset(
+    p: i32,
+    stored: Option<i64>,
+    (low, high): (i64, i64),
+    new: Start,
+    by_time: Option<i64>,
+    gaps: &mut Vec<Gap>,
+) -> i64 {
+    match stored {
+        Some(next) if next < low => {
+            gaps.push(Gap {
+                partition: p,
+                from: next,
+                message: format!(
+                    "messages at offsets {next} to {} were deleted by the broker (retention) before this job read them",
+                    low - 1
+                ),
+            });
+            low
+        }
+        Some(next) => next,
+        None => match new {
+            Start::Earliest => low,
+            Start::Latest => high,
+            Start::Time(_) => by_time.unwrap_or(high).clamp(low, high),
+        },
+    }
 }
 
 enum PartitionsError {

@@ -13,10 +13,12 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, RebalanceProtocol};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Message as _, Offset, TopicPartitionList};
 
-use streaming_etl_core::{EtlError, Gap, Result};
+use streaming_etl_core::{EtlError, Result};
 use streaming_etl_runtime::group::{Claimer, GroupEvent, GroupSource};
 
-use super::kafka::{client_config, kafka_error, offsets_for_time, Context, KafkaSource, BATCH};
+use super::kafka::{
+    client_config, kafka_error, offsets_for_time, start_offset, Context, KafkaSource, BATCH,
+};
 use super::kafka_batch::PartitionBatches;
 use crate::params::{KafkaParams, Start};
 
@@ -51,32 +53,18 @@ impl GroupHooks {
         let (low, high) = consumer
             .fetch_watermarks(&self.topic, p, self.timeout)
             .map_err(|e| err(format!("partition {p}: {}", kafka_error(&e))))?;
-        let mut gaps = Vec::new();
-        let start = match &claim.stored {
-            Some(s) if s.next_offset < low => {
-                gaps.push(Gap {
-                    partition: p,
-                    from: s.next_offset,
-                    message: format!(
-                        "messages at offsets {} to {} were deleted by the broker (retention) before this job read them",
-                        s.next_offset,
-                        low - 1
-                    ),
-                });
-                low
-            }
-            Some(s) => s.next_offset,
-            None => match self.start {
-                Start::Earliest => low,
-                Start::Latest => high,
-                Start::Time(t) => offsets_for_time(consumer, &self.topic, &[p], t, self.timeout)
+        let stored = claim.stored.as_ref().map(|s| s.next_offset);
+        let by_time = match (stored, self.start) {
+            (None, Start::Time(t)) => {
+                offsets_for_time(consumer, &self.topic, &[p], t, self.timeout)
                     .map_err(err)?
                     .get(&p)
                     .copied()
-                    .unwrap_or(high)
-                    .clamp(low, high),
-            },
+            }
+            _ => None,
         };
+        let mut gaps = Vec::new();
+        let start = start_offset(p, stored, (low, high), self.start, by_time, &mut gaps);
         let mut queue = PartitionBatches::split(consumer, &self.topic, p, BATCH)
             .ok_or_else(|| err(format!("cannot open a queue for partition {p}")))?;
         // Not assigned yet: whatever waits in its queue was fetched for an earlier assignment.
