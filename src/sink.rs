@@ -363,58 +363,69 @@ fn is_conflict(e: &EtlError) -> bool {
     text.contains("conflict") || text.contains("failed to commit ducklake transaction")
 }
 
-/// Tries `write` up to [`COMMIT_ATTEMPTS`] times while it fails on a conflict.
-pub(crate) fn with_retry<T>(table: &str, mut write: impl FnMut() -> Result<T>) -> Result<T> {
-    let mut wait = Duration::from_millis(20);
-    let mut attempt = 1;
-    loop {
-        match write() {
-            Err(e) if is_conflict(&e) && attempt < COMMIT_ATTEMPTS => {
-                std::thread::sleep(wait);
-                wait = (wait * 2).min(Duration::from_secs(1));
-                attempt += 1;
-            }
-            Err(e) if is_conflict(&e) => {
-                return Err(sink_error(
-                    table,
-                    format!("the commit failed {COMMIT_ATTEMPTS} times in a row (conflicting with other writers, or refused by the catalog); nothing of this cycle was written, and the next run resumes it (last error: {e})"),
-                ))
-            }
-            other => return other,
-        }
-    }
+/// How long a write that conflicts is tried again.
+enum Bound {
+    /// This many tries in all, waiting 20 ms, 40 ms, ... up to 1 s in between.
+    Attempts(u32),
+    /// Until this long has passed, each wait shortened by a random part so that writers that
+    /// collided do not collide again in step.
+    For(Duration),
 }
 
-/// Tries `write` while it fails on a conflict, for up to `bound`, waiting 20 ms, 40 ms, ... up to
-/// 1 s, each wait shortened by a random part so that writers that collided do not collide again
-/// in step. For writers that contend all the time (the members of a `subscribe` job): each
-/// conflict means another writer's commit landed, so the group as a whole moves on.
-pub(crate) fn with_retry_for<T>(
+/// Tries `write` while it fails on a conflict, within `bound`.
+fn retry_conflicts<T>(
     table: &str,
-    bound: Duration,
+    bound: Bound,
     mut write: impl FnMut() -> Result<T>,
 ) -> Result<T> {
     use std::hash::{BuildHasher, Hasher};
     let started = std::time::Instant::now();
     let mut wait = Duration::from_millis(20);
+    let mut attempt = 1;
     loop {
-        match write() {
-            Err(e) if is_conflict(&e) && started.elapsed() < bound => {
+        let e = match write() {
+            Err(e) if is_conflict(&e) => e,
+            other => return other,
+        };
+        let message = match bound {
+            Bound::Attempts(n) if attempt >= n => format!("the commit failed {n} times in a row (conflicting with other writers, or refused by the catalog)"),
+            Bound::For(d) if started.elapsed() >= d => format!("the commit conflicted with other writers for {} s without landing", d.as_secs()),
+            Bound::Attempts(_) => {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_secs(1));
+                attempt += 1;
+                continue;
+            }
+            Bound::For(_) => {
                 let mut h = std::collections::hash_map::RandomState::new().build_hasher();
                 h.write_u64(wait.as_nanos() as u64);
                 let jitter = (h.finish() % 1000) as u32;
                 std::thread::sleep(wait / 2 + wait / 2 * jitter / 1000);
                 wait = (wait * 2).min(Duration::from_secs(1));
+                continue;
             }
-            Err(e) if is_conflict(&e) => {
-                return Err(sink_error(
-                    table,
-                    format!("the commit conflicted with other writers for {} s without landing; nothing of this cycle was written, and the next run resumes it (last error: {e})", bound.as_secs()),
-                ))
-            }
-            other => return other,
-        }
+        };
+        return Err(sink_error(
+            table,
+            format!("{message}; nothing of this cycle was written, and the next run resumes it (last error: {e})"),
+        ));
     }
+}
+
+/// Tries `write` up to [`COMMIT_ATTEMPTS`] times while it fails on a conflict.
+pub(crate) fn with_retry<T>(table: &str, write: impl FnMut() -> Result<T>) -> Result<T> {
+    retry_conflicts(table, Bound::Attempts(COMMIT_ATTEMPTS), write)
+}
+
+/// Tries `write` while it fails on a conflict for up to `bound`, with jittered waits. For
+/// writers that contend all the time (the members of a `subscribe` job): each conflict means
+/// another writer's commit landed, so the group as a whole moves on.
+pub(crate) fn with_retry_for<T>(
+    table: &str,
+    bound: Duration,
+    write: impl FnMut() -> Result<T>,
+) -> Result<T> {
+    retry_conflicts(table, Bound::For(bound), write)
 }
 
 /// DuckLake's own maintenance: merges the small files of the job's tables (and of its marker

@@ -17,7 +17,7 @@ use streaming_etl_core::{
 
 use crate::clock::Clock;
 use crate::config::JobConfig;
-use crate::job::RunStats;
+use crate::job::{next_row_due, RunStats};
 
 /// Messages a task reads before the next task has its turn (tasks share the thread).
 const TURN_MESSAGES: u64 = 20_000;
@@ -375,13 +375,7 @@ impl GroupRun {
         if self.is_done() {
             return Ok(false);
         }
-        let interval = Duration::from_millis(self.cfg.checkpoint_interval_ms as u64);
-        let now = Instant::now();
-        let row_due = match self.next_row_due {
-            Some(due) if due > now => due,
-            _ => now + interval,
-        };
-        self.next_row_due = Some(row_due + interval);
+        let row_due = next_row_due(&mut self.next_row_due, self.cfg.checkpoint_interval_ms);
         let join_deadline = self.started + self.group.join_timeout();
         let stop = loop {
             self.serve_group(Duration::ZERO)?;

@@ -56,6 +56,19 @@ pub struct RunStats {
     pub status: &'static str,
 }
 
+/// When this cycle's result row is due, given when it was (`due`, updated for the next cycle):
+/// rows are due on a fixed grid, so a cycle that ran long does not push the next ones back.
+pub(crate) fn next_row_due(due: &mut Option<Instant>, interval_ms: i64) -> Instant {
+    let interval = Duration::from_millis(interval_ms as u64);
+    let now = Instant::now();
+    let row_due = match *due {
+        Some(d) if d > now => d,
+        _ => now + interval,
+    };
+    *due = Some(row_due + interval);
+    row_due
+}
+
 impl RunStats {
     /// The row of a run with these totals, started at `started`, stopped by `stop` (None or a
     /// cycle's end: running); `(open windows, partitions)` as they are now.
@@ -284,14 +297,7 @@ impl Run {
         self.confirm(false)?;
         // One row goes back to DuckDB per checkpoint interval; within it, sub-cycles of at most
         // MAX_CYCLE_MESSAGES go to the committer as they are read.
-        // Rows are due on a fixed grid, so a cycle that ran long does not push the next ones back.
-        let interval = Duration::from_millis(self.cfg.checkpoint_interval_ms as u64);
-        let now = Instant::now();
-        let row_due = match self.next_row_due {
-            Some(due) if due > now => due,
-            _ => now + interval,
-        };
-        self.next_row_due = Some(row_due + interval);
+        let row_due = next_row_due(&mut self.next_row_due, self.cfg.checkpoint_interval_ms);
         let clock = Arc::clone(&self.clock);
         let wall = move || clock.wall_ms();
         let stop = loop {
