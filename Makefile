@@ -75,7 +75,8 @@ venv: configure
 
 $(VENV)/.ready:
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q "duckdb==$(DUCKDB_PY)" "duckdb-cli==$(DUCKDB_CLI)" pytest confluent-kafka
+	$(PY) -m pip install -q "duckdb==$(DUCKDB_PY)" "duckdb-cli==$(DUCKDB_CLI)" pytest \
+	    "confluent-kafka[avro,protobuf]" fastavro cramjam backports.zstd
 	python3 -m venv $(VENV)/old
 	$(VENV)/old/bin/python -m pip install -q "duckdb==$(DUCKDB_OLD)" pytest
 	touch $@
@@ -158,8 +159,9 @@ reliability: release fault tools configure $(CARGO_FUZZ) $(TANSU)
 # The benchmark: prints JSON lines and tables, writes bench-out/results.json and the tables into
 # docs/benchmarks.md (its section 'latest run').
 bench: release tools configure $(NEXMARK)
-	$(CARGO) build --release -p streaming_etl_core --example engine_bench
+	$(CARGO) build --release -p streaming_etl_core --example engine_bench --example format_bench
 	$(PY) scripts/bench.py
+	$(PY) scripts/bench_formats.py
 	$(LTS_PY) scripts/group_scale.py --only commits
 	$(LTS_PY) scripts/group_scale.py --only cpu
 

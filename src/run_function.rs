@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use duckdb::core::{DataChunkHandle, LogicalTypeHandle};
 use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
 use streaming_etl_core::{
-    Cell, ColumnType, EtlError, FileOptions, FileSource, PartitionState, Result, Source,
+    Cell, ColumnType, EtlError, FileOptions, FileSource, Format, PartitionState, Result, Source,
 };
 use streaming_etl_runtime::checkpoint::Checkpoint;
 use streaming_etl_runtime::clock::SystemClock;
@@ -28,6 +28,7 @@ use crate::result::{add_columns, write_row, ResultColumn};
 use crate::sink::DuckSink;
 use crate::source::kafka::{KafkaOptions, KafkaSource};
 use crate::source::kafka_group::KafkaGroup;
+use crate::source::registry::Registry;
 use crate::{contained, entry};
 
 fn count(v: u64) -> Cell<'static> {
@@ -195,6 +196,7 @@ fn start_group(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Res
     };
     let (topic, kafka, follow, start_at) =
         (topic.clone(), plan.kafka.clone(), job.follow, plan.start);
+    let registry = registry(plan)?;
     let source_name = job.source.clone();
     let clock = SystemClock;
     let owner = format!(
@@ -215,6 +217,7 @@ fn start_group(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Res
                     follow,
                     start_at,
                     claimer,
+                    registry.clone(),
                 )?)
                     as Box<dyn streaming_etl_runtime::group::GroupSource>)
             }),
@@ -234,6 +237,22 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
+/// The schema registry client of a run that reads Avro or Protobuf from Kafka, filling the
+/// cache the run's decoders read.
+fn registry(plan: &RunPlan) -> Result<Option<Arc<Registry>>> {
+    let Some(params) = &plan.kafka.registry else {
+        return Ok(None);
+    };
+    Registry::new(params, &plan.job.engine.schemas.0)
+        .map(|r| Some(Arc::new(r)))
+        .map_err(|e| {
+            EtlError::source(
+                &plan.job.source,
+                format!("schema registry '{}': {e}", params.url),
+            )
+        })
+}
+
 fn source_opener(plan: &RunPlan) -> SourceOpener {
     let plan = plan.clone();
     Box::new(move |known: &[PartitionState]| {
@@ -244,6 +263,8 @@ fn source_opener(plan: &RunPlan) -> SourceOpener {
                 let opts = FileOptions {
                     policy: plan.sandbox.path_policy(),
                     start_at_end: plan.start == Start::Latest,
+                    avro: (plan.job.engine.format == Format::Avro)
+                        .then(|| plan.job.engine.schemas.0.clone()),
                 };
                 Box::new(FileSource::open(topic, pattern, known, only, opts)?) as Box<dyn Source>
             }
@@ -253,6 +274,7 @@ fn source_opener(plan: &RunPlan) -> SourceOpener {
                 let opts = KafkaOptions {
                     follow: plan.job.follow,
                     start: plan.start,
+                    registry: registry(&plan)?,
                 };
                 Box::new(KafkaSource::open(
                     topic,

@@ -13,6 +13,104 @@ pub struct KafkaParams {
     pub properties: Vec<(String, String)>,
     /// Bound on connecting and on any single broker request.
     pub timeout_ms: i64,
+    /// Where Avro and Protobuf records' schemas are (`schema_registry`).
+    pub registry: Option<RegistryParams>,
+}
+
+/// `schema_registry` and `schema_registry_options`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryParams {
+    pub url: String,
+    /// `user:password` for HTTP basic authentication.
+    pub user_info: Option<String>,
+    pub ca_location: Option<String>,
+    pub certificate_location: Option<String>,
+    pub key_location: Option<String>,
+    pub timeout_ms: u64,
+}
+
+/// The registry's options by their names in Confluent's clients.
+const REGISTRY_OPTIONS: &[&str] = &[
+    "basic.auth.user.info",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+];
+
+pub(super) fn parse_registry(given: &Given<'_>, timeout_ms: i64) -> Result<Option<RegistryParams>> {
+    let options = given.get(ParamId::SchemaRegistryOptions);
+    let Some(url) = given.text(ParamId::SchemaRegistry)? else {
+        if let Some(o) = options {
+            return Err(EtlError::invalid(
+                given.name(ParamId::SchemaRegistryOptions),
+                "applies only with schema_registry",
+                shown(o),
+            ));
+        }
+        return Ok(None);
+    };
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    if rest.is_none_or(|r| r.is_empty() || r.starts_with('/')) {
+        return Err(EtlError::invalid(
+            given.name(ParamId::SchemaRegistry),
+            "must be an http:// or https:// URL such as 'http://localhost:8081'",
+            format!("'{url}'"),
+        ));
+    }
+    let mut p = RegistryParams {
+        url,
+        user_info: None,
+        ca_location: None,
+        certificate_location: None,
+        key_location: None,
+        timeout_ms: timeout_ms as u64,
+    };
+    let name = given.name(ParamId::SchemaRegistryOptions);
+    match options {
+        None => {}
+        Some(Arg::Map(items)) => {
+            for (k, v) in items {
+                let (Arg::Text(k), Arg::Text(v)) = (k, v) else {
+                    return Err(EtlError::invalid(
+                        name,
+                        "must map option names to non-NULL text values",
+                        shown(&Arg::Map(items.clone())),
+                    ));
+                };
+                let slot = match k.as_str() {
+                    "basic.auth.user.info" => &mut p.user_info,
+                    "ssl.ca.location" => &mut p.ca_location,
+                    "ssl.certificate.location" => &mut p.certificate_location,
+                    "ssl.key.location" => &mut p.key_location,
+                    _ => {
+                        return Err(EtlError::invalid(
+                            name,
+                            format!("knows the options {}", REGISTRY_OPTIONS.join(", ")),
+                            format!("'{k}'"),
+                        ))
+                    }
+                };
+                *slot = Some(v.clone());
+            }
+        }
+        Some(other) => {
+            return Err(EtlError::invalid(
+                name,
+                "must be a MAP such as MAP {'basic.auth.user.info': 'user:secret'}",
+                shown(other),
+            ))
+        }
+    }
+    if p.certificate_location.is_some() != p.key_location.is_some() {
+        return Err(EtlError::invalid(
+            name,
+            "needs ssl.certificate.location and ssl.key.location together",
+            shown(options.unwrap_or(&Arg::Null)),
+        ));
+    }
+    Ok(Some(p))
 }
 
 pub(super) fn parse_partitions(given: &Given<'_>) -> Result<Option<Vec<i32>>> {
@@ -120,12 +218,14 @@ pub(super) fn parse_kafka(
             ))
         }
     };
+    let timeout_ms = given
+        .positive(ParamId::TimeoutMs)?
+        .unwrap_or(DEFAULT_KAFKA_TIMEOUT_MS);
     Ok(KafkaParams {
         brokers,
         group_id,
         properties,
-        timeout_ms: given
-            .positive(ParamId::TimeoutMs)?
-            .unwrap_or(DEFAULT_KAFKA_TIMEOUT_MS),
+        timeout_ms,
+        registry: parse_registry(given, timeout_ms)?,
     })
 }

@@ -8,7 +8,7 @@ mod run;
 mod sql_name;
 mod table;
 
-pub use kafka::KafkaParams;
+pub use kafka::{KafkaParams, RegistryParams};
 pub use run::{
     checkpoint_job, checkpoint_location, parse_run, Compaction, RunPlan, SourceSpec, Start,
     WriteMode,

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 
 use streaming_etl_core::{
-    iso8601_ms, split_alias, AggSpec, ByTable, EngineConfig, EtlError, FieldPath, KeyColumn,
-    Result, TimeFormat, TimeSpec, WindowKind, Zone, DEFAULT_KEY_FIELD, MAX_AGGREGATES,
+    iso8601_ms, split_alias, AggSpec, ByTable, EngineConfig, EtlError, FieldPath, Format,
+    KeyColumn, Result, Schemas, TimeFormat, TimeSpec, WindowKind, Zone, DEFAULT_KEY_FIELD,
+    MAX_AGGREGATES,
 };
 use streaming_etl_runtime::config::{CheckpointLocation, JobConfig};
 
@@ -302,6 +303,63 @@ fn zone_dir() -> String {
     std::env::var("TZDIR").unwrap_or_else(|_| "/usr/share/zoneinfo".to_string())
 }
 
+/// `format` and `message` (Kafka's binary formats need `schema_registry`, checked with it).
+fn parse_format(given: &Given<'_>, is_kafka: bool) -> Result<Format> {
+    let format = match given.text(ParamId::Format)?.as_deref() {
+        None | Some("json") => Format::Json,
+        Some("avro") => Format::Avro,
+        Some("protobuf") if !is_kafka => {
+            return Err(EtlError::invalid(
+                given.name(ParamId::Format),
+                "reads Kafka records in the schema registry's wire format; files may be 'json' (NDJSON) or 'avro' (object container files)",
+                "'protobuf'",
+            ))
+        }
+        Some("protobuf") => Format::Protobuf { message: None },
+        Some(other) => {
+            return Err(EtlError::invalid(
+                given.name(ParamId::Format),
+                "must be 'json', 'avro' or 'protobuf'",
+                format!("'{other}'"),
+            ))
+        }
+    };
+    let format = match (given.text(ParamId::Message)?, format) {
+        (None, f) => f,
+        (Some(m), Format::Protobuf { .. }) if !m.trim().is_empty() => Format::Protobuf {
+            message: Some(m.trim().trim_start_matches('.').to_string()),
+        },
+        (Some(m), Format::Protobuf { .. }) => {
+            return Err(EtlError::invalid(
+                given.name(ParamId::Message),
+                "must name a message type such as 'shop.Order'",
+                format!("'{m}'"),
+            ))
+        }
+        (Some(m), _) => {
+            return Err(EtlError::invalid(
+                given.name(ParamId::Message),
+                "applies only with format := 'protobuf'",
+                format!("'{m}'"),
+            ))
+        }
+    };
+    let registry = given.text(ParamId::SchemaRegistry)?;
+    match (&format, registry) {
+        (Format::Json, Some(r)) => Err(EtlError::invalid(
+            given.name(ParamId::SchemaRegistry),
+            "applies only with format := 'avro' or 'protobuf'",
+            format!("'{r}'"),
+        )),
+        (f, None) if is_kafka && f.is_binary() => Err(EtlError::invalid(
+            given.name(ParamId::Format),
+            "needs schema_registry := 'http://host:port': Kafka records name their schema by its id in the registry",
+            format!("'{}'", f.name()),
+        )),
+        _ => Ok(format),
+    }
+}
+
 /// `time_format`, `time_zone` and `kafka_timestamp`.
 fn parse_time(given: &Given<'_>) -> Result<(TimeFormat, Option<Zone>, bool)> {
     let kafka_ts = given.boolean(ParamId::KafkaTimestamp)?.unwrap_or(false);
@@ -543,6 +601,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let (keys, default_key, aggregates) =
         parse_keys_and_aggregates(&given, &key_field, &value_field)?;
     let (time_format, time_zone, kafka_timestamp) = parse_time(&given)?;
+    let format = parse_format(&given, is_kafka)?;
     let engine = EngineConfig {
         time: TimeSpec {
             window_ms,
@@ -560,6 +619,8 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         default_key,
         aggregates,
         value_field,
+        format,
+        schemas: Schemas::default(),
     };
     let rolling = parse_files(&given)?;
     let write_mode = parse_write_mode(&given)?;

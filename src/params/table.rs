@@ -93,6 +93,10 @@ pub enum ParamId {
     GroupId,
     Kafka,
     TimeoutMs,
+    Format,
+    Message,
+    SchemaRegistry,
+    SchemaRegistryOptions,
 }
 
 /// One named parameter.
@@ -192,6 +196,10 @@ pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::Kafka, "kafka", ParamType::VarcharMap, "none", "Kafka only: librdkafka properties, passed through (security, tuning)").only(Applies::Kafka),
     param(ParamId::KafkaTimestamp, "kafka_timestamp", ParamType::Boolean, "false", "Kafka only: the record's own timestamp is the event time (no time field is read)").only(Applies::Kafka),
     param(ParamId::TimeoutMs, "timeout_ms", ParamType::BigInt, "15000", "Kafka only: bound on reaching the brokers and on waiting for a partition").only(Applies::Kafka),
+    param(ParamId::Format, "format", ParamType::Varchar, "`json`", "`json`, `avro` or `protobuf` ([formats](#message-formats))"),
+    param(ParamId::Message, "message", ParamType::Varchar, "as framed", "Protobuf: the message type records must be"),
+    param(ParamId::SchemaRegistry, "schema_registry", ParamType::Varchar, "none", "Kafka only: the schema registry's URL").only(Applies::Kafka),
+    param(ParamId::SchemaRegistryOptions, "schema_registry_options", ParamType::VarcharMap, "none", "Kafka only: `basic.auth.user.info`, `ssl.ca.location`, `ssl.certificate.location`, `ssl.key.location`").only(Applies::Kafka),
 ];
 
 /// The named parameters of `streaming_etl_checkpoint`.

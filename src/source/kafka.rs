@@ -22,6 +22,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use streaming_etl_core::{EtlError, Gap, Message, Pull, Result, Source, SourcePartition};
 
 use super::kafka_batch::{self, PartitionBatches, KAFKA_PARTITION_EOF};
+use super::registry::Registry;
 use crate::params::{KafkaParams, Start};
 
 /// Keeps librdkafka's last error, so a timeout can say what went wrong (refused connection,
@@ -80,10 +81,12 @@ impl ConsumerContext for Context {
 }
 
 /// How the source reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct KafkaOptions {
     pub follow: bool,
     pub start: Start,
+    /// Avro and Protobuf: where the records' schema ids are looked up.
+    pub registry: Option<Arc<Registry>>,
 }
 
 /// The open consumer; dropped on a thread of its own (see `Drop for KafkaSource`).
@@ -110,6 +113,9 @@ struct OpenConsumer {
     /// run, which repositions the partitions it keeps right after a rebalance, before any of
     /// them is read again.
     serves_callbacks: bool,
+    registry: Option<Arc<Registry>>,
+    /// The schema id the last record named (known to the cache).
+    last_schema: Option<u32>,
 }
 
 pub(super) fn kafka_error(e: &KafkaError) -> String {
@@ -190,6 +196,8 @@ impl KafkaSource {
             last_commit: None,
             only: only.map(<[i32]>::to_vec),
             serves_callbacks: true,
+            registry: opts.registry.clone(),
+            last_schema: None,
         };
         let mut gaps = Vec::new();
         let mut assignment = TopicPartitionList::new();
@@ -235,6 +243,7 @@ impl KafkaSource {
         queue: PartitionBatches<Context>,
         (partition, start, high): (i32, i64, i64),
         gaps: Vec<Gap>,
+        registry: Option<Arc<Registry>>,
     ) -> KafkaSource {
         let reader = OpenConsumer {
             topic: topic.to_string(),
@@ -258,6 +267,8 @@ impl KafkaSource {
             last_commit: None,
             only: Some(vec![partition]),
             serves_callbacks: false,
+            registry,
+            last_schema: None,
         };
         KafkaSource {
             reader: Some(reader),
@@ -519,6 +530,27 @@ impl OpenConsumer {
                 queue.advance();
                 continue;
             }
+            if let Some(reg) = &self.registry {
+                // A record's schema is known before the record goes on (decoding never waits
+                // on the network); a registry out of reach fails the run here, before this
+                // offset is consumed, so the next run reads it again.
+                let id = match m.payload.get(..5) {
+                    Some([0, a, b, c, d]) => Some(u32::from_be_bytes([*a, *b, *c, *d])),
+                    _ => None,
+                };
+                if let Some(id) = id.filter(|&id| self.last_schema != Some(id)) {
+                    reg.resolve(id).map_err(|e| {
+                        EtlError::source(
+                            &self.source_name,
+                            format!(
+                                "partition {} offset {offset}: {e}",
+                                self.parts[idx].partition
+                            ),
+                        )
+                    })?;
+                    self.last_schema = Some(id);
+                }
+            }
             let timestamp = m.timestamp;
             self.next[idx] = offset + 1;
             if !self.follow && self.next[idx] >= self.ends[idx] {
@@ -530,6 +562,7 @@ impl OpenConsumer {
                 payload: m.payload,
                 key: m.key,
                 timestamp,
+                schema: None,
             });
             queue.advance();
             if !keep {

@@ -20,6 +20,7 @@ use super::kafka::{
     client_config, kafka_error, offsets_for_time, start_offset, Context, KafkaSource, BATCH,
 };
 use super::kafka_batch::PartitionBatches;
+use super::registry::Registry;
 use crate::params::{KafkaParams, Start};
 
 /// What the rebalance callback needs (it runs inside `poll`, on the run's thread).
@@ -35,6 +36,7 @@ pub struct GroupHooks {
     timeout: Duration,
     follow: bool,
     start: Start,
+    registry: Option<Arc<Registry>>,
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -79,6 +81,7 @@ impl GroupHooks {
             queue,
             (p, start, high),
             gaps,
+            self.registry.clone(),
         );
         Ok((
             start,
@@ -181,6 +184,7 @@ impl KafkaGroup {
         follow: bool,
         start: Start,
         claimer: Claimer,
+        registry: Option<Arc<Registry>>,
     ) -> Result<KafkaGroup> {
         let err = |m: String| EtlError::source(source_name, m);
         let mut config = client_config(params, follow);
@@ -205,6 +209,7 @@ impl KafkaGroup {
             timeout,
             follow,
             start,
+            registry,
         });
         let consumer: BaseConsumer<Context> = config
             .create_with_context(context)

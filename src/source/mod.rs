@@ -3,3 +3,4 @@
 pub mod kafka;
 mod kafka_batch;
 pub mod kafka_group;
+pub mod registry;

@@ -24,6 +24,7 @@ pub(crate) struct Chunk {
     pub(crate) offsets: Vec<i64>,
     pub(crate) next_offsets: Vec<i64>,
     pub(crate) timestamps: Vec<Option<i64>>,
+    pub(crate) schemas: Vec<Option<u32>>,
     pub(crate) payload: Vec<u8>,
     pub(crate) payload_ends: Vec<usize>,
     /// Kafka message keys (None: the message had none).
@@ -49,6 +50,7 @@ impl Chunk {
         self.offsets.clear();
         self.next_offsets.clear();
         self.timestamps.clear();
+        self.schemas.clear();
         self.payload.clear();
         self.payload_ends.clear();
         self.msg_keys.clear();
@@ -71,6 +73,7 @@ impl Chunk {
         self.offsets.push(m.offset);
         self.next_offsets.push(m.next_offset);
         self.timestamps.push(m.timestamp);
+        self.schemas.push(m.schema);
         self.payload.extend_from_slice(m.payload);
         self.payload_ends.push(self.payload.len());
         self.msg_key_ends.push(m.key.map(|k| {
@@ -106,6 +109,7 @@ impl Chunk {
             payload: self.payload(i),
             key: self.msg_key(i),
             timestamp: self.timestamps[i],
+            schema: self.schemas[i],
         }
     }
 

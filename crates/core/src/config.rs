@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::aggregate::AggSpec;
 use crate::decode::FieldPath;
+use crate::format::{Format, Schemas};
 use crate::rows::{ColumnType, TableSchema};
 use crate::state::OutputSchemas;
 use crate::time::{TimeFormat, Zone};
@@ -67,6 +68,10 @@ pub struct EngineConfig {
     /// The field the default aggregates read (`value_field`; its default when `aggregates`
     /// names the fields).
     pub value_field: FieldPath,
+    /// How messages are encoded (`format`).
+    pub format: Format,
+    /// Where Avro and Protobuf schemas are found by id (filled by the source's adapter).
+    pub schemas: Schemas,
 }
 
 impl EngineConfig {
@@ -93,6 +98,8 @@ impl EngineConfig {
             default_key: true,
             aggregates: AggSpec::defaults(value_field),
             value_field: value_field.clone(),
+            format: Format::Json,
+            schemas: Schemas::default(),
         }
     }
 
@@ -154,6 +161,18 @@ impl EngineConfig {
         }
         if let Some(z) = &self.time_zone {
             extra.insert("time_zone".into(), format!("'{}'", z.name()));
+        }
+        match &self.format {
+            Format::Json => {}
+            Format::Avro => {
+                extra.insert("format".into(), "'avro'".into());
+            }
+            Format::Protobuf { message } => {
+                extra.insert("format".into(), "'protobuf'".into());
+                if let Some(m) = message {
+                    extra.insert("message".into(), format!("'{m}'"));
+                }
+            }
         }
         if self.kafka_timestamp {
             extra.insert("kafka_timestamp".into(), "true".into());

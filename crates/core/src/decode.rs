@@ -36,6 +36,10 @@ impl FieldPath {
     }
 
     /// The last segment (`value` for `payload.value`): the default name of an output column.
+    pub(crate) fn segments(&self) -> &[Box<[u8]>] {
+        &self.segments
+    }
+
     pub fn last_segment(&self) -> &str {
         self.text.rsplit('.').next().unwrap_or(&self.text)
     }
@@ -50,6 +54,20 @@ pub enum DecodeError {
     NotJson(&'static str),
     NotObject,
     TooDeep,
+    /// Avro or Protobuf: the first byte is not the wire format's magic byte 0.
+    NoMagicByte(u8),
+    /// Shorter than the wire format's 5-byte header.
+    NoHeader,
+    /// The registry has no schema with this id.
+    UnknownSchema(u32),
+    /// The schema with this id is not of the job's format.
+    OtherFormat(u32, &'static str),
+    /// The record does not decode with its schema (the format's name, why).
+    Undecodable(&'static str, &'static str),
+    /// Protobuf: the message indexes name no message of schema `id`.
+    NoSuchMessage(u32),
+    /// Protobuf: the record is another message than the job's `message`.
+    OtherMessage(u32),
 }
 
 impl DecodeError {
@@ -60,8 +78,27 @@ impl DecodeError {
             DecodeError::NotJson(why) => format!("not JSON: {why}"),
             DecodeError::NotObject => "not a JSON object".to_string(),
             DecodeError::TooDeep => {
-                format!("not accepted: JSON nested deeper than {MAX_DEPTH} levels")
+                format!("not accepted: nested deeper than {MAX_DEPTH} levels")
             }
+            DecodeError::NoMagicByte(b) => format!(
+                "not in the schema registry's wire format: the first byte is 0x{b:02x}, not the magic byte 0"
+            ),
+            DecodeError::NoHeader => {
+                "not in the schema registry's wire format: shorter than its 5-byte header".into()
+            }
+            DecodeError::UnknownSchema(id) => {
+                format!("schema id {id} is not in the schema registry")
+            }
+            DecodeError::OtherFormat(id, t) => {
+                format!("schema id {id} is a {t} schema, not the job's format")
+            }
+            DecodeError::Undecodable(f, why) => format!("not {f}: {why}"),
+            DecodeError::NoSuchMessage(id) => {
+                format!("not Protobuf: the message indexes name no message of schema id {id}")
+            }
+            DecodeError::OtherMessage(id) => format!(
+                "the record is another message of schema id {id} than the job's 'message'"
+            ),
         }
     }
 }
@@ -76,6 +113,8 @@ pub enum Kind {
     String,
     Object,
     Array,
+    /// Avro or Protobuf bytes that are not UTF-8 text.
+    Bytes,
 }
 
 impl Kind {
@@ -89,6 +128,7 @@ impl Kind {
             Kind::String => "a string",
             Kind::Object => "an object",
             Kind::Array => "an array",
+            Kind::Bytes => "binary data",
         }
     }
 }
@@ -96,22 +136,40 @@ impl Kind {
 /// Where a field's value is: a span of the message, or of the decoder's scratch buffer (a
 /// string with escapes, unescaped).
 #[derive(Debug, Clone, Copy)]
-struct Span {
+pub(crate) struct Span {
     kind: Kind,
     start: usize,
     end: usize,
     in_scratch: bool,
     /// A number written without fraction or exponent.
     integer: bool,
+    /// Epoch milliseconds of an Avro or Protobuf timestamp type.
+    pub(crate) timestamp: bool,
+    /// A binary format's floating-point value, as decoded (its text may be left unwritten).
+    pub(crate) number: Option<f64>,
 }
 
-const MISSING: Span = Span {
-    kind: Kind::Missing,
-    start: 0,
-    end: 0,
-    in_scratch: false,
-    integer: false,
-};
+impl Span {
+    pub(crate) const fn new(
+        kind: Kind,
+        start: usize,
+        end: usize,
+        in_scratch: bool,
+        integer: bool,
+    ) -> Span {
+        Span {
+            kind,
+            start,
+            end,
+            in_scratch,
+            integer,
+            timestamp: false,
+            number: None,
+        }
+    }
+}
+
+const MISSING: Span = Span::new(Kind::Missing, 0, 0, false, false);
 
 /// One field of a decoded message.
 #[derive(Debug, Clone, Copy)]
@@ -124,6 +182,12 @@ pub struct Field<'a> {
     pub integer: bool,
     /// The field appears more than once in the message.
     pub duplicate: bool,
+    /// Epoch milliseconds of an Avro or Protobuf timestamp type (an event time whatever
+    /// `time_format` says).
+    pub timestamp: bool,
+    /// An Avro or Protobuf float or double as decoded; `bytes` is then empty when only numeric
+    /// aggregates read the field.
+    pub number: Option<f64>,
 }
 
 impl<'a> Field<'a> {
@@ -152,6 +216,8 @@ impl<'a> Fields<'a> {
             bytes: src.get(s.start..s.end).unwrap_or(&[]),
             integer: s.integer,
             duplicate: self.duplicates & (1 << i) != 0,
+            timestamp: s.timestamp,
+            number: s.number,
         }
     }
 }
@@ -184,6 +250,28 @@ impl Decoder {
 
     /// Decodes one message. Fails with the first syntax problem found.
     pub fn decode<'a>(&'a mut self, raw: &'a [u8]) -> Result<Fields<'a>, DecodeError> {
+        self.scan(raw)
+    }
+
+    /// Fields found by another format's reader (`fill` sets the spans of the paths it finds,
+    /// into `raw` or the scratch buffer).
+    pub(crate) fn decode_with<'a>(
+        &'a mut self,
+        raw: &'a [u8],
+        fill: impl FnOnce(&mut [Span], &mut Vec<u8>) -> Result<(), DecodeError>,
+    ) -> Result<Fields<'a>, DecodeError> {
+        self.spans.fill(MISSING);
+        self.scratch.clear();
+        fill(&mut self.spans, &mut self.scratch)?;
+        Ok(Fields {
+            raw,
+            scratch: &self.scratch,
+            spans: &self.spans,
+            duplicates: 0,
+        })
+    }
+
+    fn scan<'a>(&'a mut self, raw: &'a [u8]) -> Result<Fields<'a>, DecodeError> {
         // Outside strings, valid JSON is ASCII (anything else is a syntax error); inside
         // strings, the scanner checks UTF-8 where a byte is not ASCII. So the message is UTF-8
         // once it has parsed.
@@ -380,32 +468,14 @@ impl Parser<'_, '_> {
                     let from = self.scratch.len();
                     unescape_into(&self.b[s.start..s.end], self.scratch)
                         .map_err(|()| DecodeError::NotJson("invalid escape in a string"))?;
-                    Span {
-                        kind: Kind::String,
-                        start: from,
-                        end: self.scratch.len(),
-                        in_scratch: true,
-                        integer: false,
-                    }
+                    Span::new(Kind::String, from, self.scratch.len(), true, false)
                 } else {
-                    Span {
-                        kind: Kind::String,
-                        start: s.start,
-                        end: s.end,
-                        in_scratch: false,
-                        integer: false,
-                    }
+                    Span::new(Kind::String, s.start, s.end, false, false)
                 }
             }
             Some(b'-' | b'0'..=b'9') => {
                 let (s, e, integer) = self.number()?;
-                Span {
-                    kind: Kind::Number,
-                    start: s,
-                    end: e,
-                    in_scratch: false,
-                    integer,
-                }
+                Span::new(Kind::Number, s, e, false, integer)
             }
             Some(c) => {
                 let kind = match c {
@@ -420,13 +490,7 @@ impl Parser<'_, '_> {
                 } else {
                     self.skip_value(depth + 1)?;
                 }
-                Span {
-                    kind,
-                    start,
-                    end: self.i,
-                    in_scratch: false,
-                    integer: false,
-                }
+                Span::new(kind, start, self.i, false, false)
             }
             None => return Err(NOT_JSON_EOF),
         };

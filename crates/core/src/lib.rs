@@ -4,7 +4,7 @@
 //! DuckDB, Kafka or SQLite; those are adapters in the other crates of the workspace.
 //!
 //! The modules stack without a loop, each using only those above it:
-//! `codec`, `error`, `tables`, `time`, `decode`, `rows`, `hll` → `state`, `aggregate` →
+//! `codec`, `error`, `tables`, `time`, `decode`, `rows`, `hll` → `format`, `state`, `aggregate` →
 //! `config` → `record`, `chunk`, `window`, `session`, `watermark`, `source` → `engine` →
 //! `prefetch` → `pipeline`. They are private; what the other crates use is re-exported here.
 #![forbid(unsafe_code)]
@@ -16,6 +16,7 @@ mod config;
 mod decode;
 mod engine;
 mod error;
+mod format;
 mod hll;
 mod pipeline;
 mod prefetch;
@@ -37,6 +38,7 @@ pub use config::{
 pub use decode::{DecodeError, Decoder, Field, FieldPath, Fields, Kind};
 pub use engine::{Counters, Engine, PartitionProgress, Restored};
 pub use error::{EtlError, Result};
+pub use format::{Format, RecordDecoder, RegisteredSchema, SchemaCache, SchemaType, Schemas};
 pub use pipeline::{read_cycle, reported_watermark, CycleLimits, ReadState, Stop};
 pub use rows::{Cell, ColumnType, OwnedCell, RowCursor, Rows, TableSchema};
 pub use source::file::{FileOptions, FileSource};

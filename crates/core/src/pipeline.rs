@@ -788,6 +788,7 @@ mod tests {
                 payload,
                 key: Some(b"from-kafka"),
                 timestamp: None,
+                schema: None,
             },
         );
         eng.process(
@@ -798,6 +799,7 @@ mod tests {
                 payload,
                 key: Some(&[0xff]),
                 timestamp: None,
+                schema: None,
             },
         );
         eng.flush();

@@ -12,9 +12,9 @@ use std::thread::JoinHandle;
 use crate::aggregate::Input;
 use crate::chunk::{Chunk, OwnedInput};
 use crate::config::{EngineConfig, MAX_AGGREGATES};
-use crate::decode::Decoder;
 use crate::engine::Engine;
 use crate::error::{EtlError, Result};
+use crate::format::RecordDecoder;
 use crate::record::{FieldPlan, Reject};
 use crate::source::{Message, Pull, Source};
 
@@ -26,7 +26,7 @@ const DEPTH: usize = 3;
 
 /// Parses chunks: a decoder and the job's field plan of its own (one per worker).
 pub(crate) struct ChunkParser {
-    decoder: Decoder,
+    decoder: RecordDecoder,
     plan: FieldPlan,
     n: usize,
     key: Vec<u8>,
@@ -36,7 +36,7 @@ impl ChunkParser {
     pub fn new(cfg: &EngineConfig) -> ChunkParser {
         let plan = FieldPlan::new(cfg);
         ChunkParser {
-            decoder: Decoder::new(plan.paths().to_vec()),
+            decoder: plan.decoder(),
             plan,
             n: cfg.aggregates.len().min(MAX_AGGREGATES),
             key: Vec::new(),
@@ -58,7 +58,7 @@ impl ChunkParser {
                 (start, end)
             });
             let payload = &c.payload[a..b];
-            let (time, rest) = match self.decoder.decode(payload) {
+            let (time, rest) = match self.decoder.decode(payload, c.schemas[i]) {
                 Err(e) => (Err(Reject::Syntax(e)), Ok(())),
                 Ok(fields) => match self.plan.time(&fields, c.timestamps[i]) {
                     Err(r) => (Err(r), Ok(())),
@@ -127,7 +127,7 @@ impl Pool {
                     if !ok {
                         chunk.failed = true;
                         parser = ChunkParser {
-                            decoder: Decoder::new(parser.plan.paths().to_vec()),
+                            decoder: parser.plan.decoder(),
                             plan: parser.plan.clone(),
                             n: parser.n,
                             key: Vec::new(),
@@ -358,6 +358,7 @@ mod tests {
                 payload: l.as_bytes(),
                 key: (i == 4).then_some(b"kafka-key".as_slice()),
                 timestamp: None,
+                schema: None,
             });
         }
         ChunkParser::new(&cfg()).parse(&mut c);

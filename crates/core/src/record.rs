@@ -7,6 +7,7 @@
 use crate::aggregate::{AggFunc, Input};
 use crate::config::EngineConfig;
 use crate::decode::{parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind};
+use crate::format::{Format, RecordDecoder, Schemas};
 use crate::hll::hash64;
 use crate::time::{
     epoch_ms, iso8601_ms, TimeError, TimeFormat, Zone, MAX_EVENT_TIME_MS, MIN_EVENT_TIME_MS,
@@ -69,6 +70,9 @@ pub(crate) struct FieldPlan {
     /// that reads the same path the same way (its input is copied, not read again: sum, min and
     /// max of one field parse the number once).
     inputs: Vec<(AggFunc, Option<usize>, Option<usize>)>,
+    /// How messages are encoded, and the schemas of binary ones.
+    encoding: Format,
+    schemas: Schemas,
 }
 
 /// How an aggregate reads its input (aggregates that read a path the same way share it).
@@ -113,11 +117,41 @@ impl FieldPlan {
             keys,
             default_key: cfg.default_key,
             inputs,
+            encoding: cfg.format.clone(),
+            schemas: cfg.schemas.clone(),
         }
     }
 
+    #[cfg(test)]
     pub fn paths(&self) -> &[FieldPath] {
         &self.paths
+    }
+
+    /// A decoder of this job's messages for its paths.
+    pub fn decoder(&self) -> RecordDecoder {
+        RecordDecoder::new(self.paths.clone(), &self.encoding, &self.schemas)
+            .numbers_only(self.numeric_only())
+    }
+
+    /// The paths only numeric aggregates read: a binary format's floats need no text there.
+    fn numeric_only(&self) -> u64 {
+        let mut numeric = 0u64;
+        let mut other = 0u64;
+        for &(func, path, _) in &self.inputs {
+            if let Some(i) = path.filter(|&i| i < 64) {
+                if func.numeric() {
+                    numeric |= 1 << i;
+                } else {
+                    other |= 1 << i;
+                }
+            }
+        }
+        for &i in self.keys.iter().chain(self.time.as_ref()) {
+            if i < 64 {
+                other |= 1 << i;
+            }
+        }
+        numeric & !other
     }
 
     /// The dead-letter reason for a rejection.
@@ -197,6 +231,13 @@ impl FieldPlan {
                 TimeError::NoZone => Reject::NoZone(i),
             })
         };
+        if v.timestamp {
+            // An Avro or Protobuf timestamp type: epoch milliseconds whatever time_format says.
+            return match parse_i64(v.bytes) {
+                Some(t) if (MIN_EVENT_TIME_MS..=MAX_EVENT_TIME_MS).contains(&t) => Ok(t),
+                _ => Err(Reject::OutOfRange(Role::Time, i)),
+            };
+        }
         match (v.kind, self.format) {
             (Kind::Missing, _) => Err(Reject::Missing(Role::Time, i)),
             (Kind::Null, _) => Err(Reject::Null(Role::Time, i)),
@@ -221,6 +262,7 @@ impl FieldPlan {
             (Kind::Bool, _) => wrong("is a boolean"),
             (Kind::Object, _) => wrong("is an object"),
             (Kind::Array, _) => wrong("is an array"),
+            (Kind::Bytes, _) => wrong("is binary data"),
         }
     }
 
@@ -349,7 +391,11 @@ fn input<'a>(
             }
         };
         return match v.kind {
-            Kind::Number => number(v.bytes),
+            Kind::Number => match v.number {
+                Some(x) if x.is_finite() => Ok(Input::Num(x)),
+                Some(_) => Err(Reject::OutOfRange(Role::Value, i)),
+                None => number(v.bytes),
+            },
             Kind::String if numeric_strings && json_number(v.bytes) => number(v.bytes),
             Kind::String if numeric_strings => Err(Reject::WrongType(
                 Role::Value,

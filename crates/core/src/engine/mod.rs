@@ -8,7 +8,7 @@ use crate::aggregate::Input;
 use crate::chunk::Chunk;
 use crate::codec::{CodecError, Reader, Writer};
 use crate::config::{EngineConfig, WindowKind, MAX_AGGREGATES};
-use crate::decode::Decoder;
+use crate::format::{record_json, RecordDecoder};
 use crate::record::{late_key, FieldPlan, Reject};
 use crate::session::SessionStore;
 use crate::source::Message;
@@ -107,7 +107,7 @@ pub struct Engine {
     topic: String,
     plan: FieldPlan,
     /// Taken out while an event is read (its fields borrow it); always put back.
-    decoder: Option<Decoder>,
+    decoder: Option<RecordDecoder>,
     windows: Windows,
     marks: Watermarks,
     partitions: Vec<i32>,
@@ -139,7 +139,7 @@ impl Engine {
         };
         let partitions = &restored.partitions;
         Ok(Engine {
-            decoder: Some(Decoder::new(plan.paths().to_vec())),
+            decoder: Some(plan.decoder()),
             plan,
             topic: topic.to_string(),
             windows,
@@ -241,11 +241,8 @@ impl Engine {
         // Taken out for the event (no allocation): the fields borrow the decoder while the
         // event goes into the windows.
         let mut key = std::mem::take(&mut self.key);
-        let mut decoder = self
-            .decoder
-            .take()
-            .unwrap_or_else(|| Decoder::new(self.plan.paths().to_vec()));
-        let fields = match decoder.decode(msg.payload) {
+        let mut decoder = self.decoder.take().unwrap_or_else(|| self.plan.decoder());
+        let fields = match decoder.decode(msg.payload, msg.schema) {
             Ok(f) => f,
             Err(e) => {
                 self.key = key;
@@ -315,8 +312,14 @@ impl Engine {
         if let Err((start, end)) = late {
             self.counters.late_events += 1;
             let has_key = late_key(key, self.cfg.keys.len(), &mut self.late_key);
-            // Decoding checked the message is UTF-8.
-            let payload = std::str::from_utf8(msg.payload).unwrap_or_default();
+            // Decoding checked a JSON message is UTF-8; a binary record is rendered as JSON.
+            let rendered;
+            let payload = if self.cfg.format.is_binary() {
+                rendered = record_json(&self.cfg.schemas, msg.payload, msg.schema);
+                rendered.as_str()
+            } else {
+                std::str::from_utf8(msg.payload).unwrap_or_default()
+            };
             self.out
                 .late
                 .row()

@@ -11,9 +11,12 @@
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{EtlError, Result};
+use crate::format::SchemaCache;
+use crate::source::avro_file::AvroFileReader;
 use crate::source::glob::{allowed, glob, PathPolicy};
 use crate::source::lines::{Codec, LineReader};
 use crate::source::{Gap, Message, Pull, Source, SourcePartition};
@@ -26,6 +29,51 @@ pub struct FileOptions {
     pub policy: Option<PathPolicy>,
     /// A new job starts at the current end of the files that exist (`start := 'latest'`).
     pub start_at_end: bool,
+    /// The files are Avro object container files (`format := 'avro'`); their schemas go here.
+    pub avro: Option<Arc<SchemaCache>>,
+}
+
+/// What reads a file's messages: its lines, or an Avro file's datums.
+enum Reader {
+    Lines(LineReader),
+    Avro(AvroFileReader),
+}
+
+impl Reader {
+    fn open(
+        file: File,
+        codec: Codec,
+        start: i64,
+        buf: usize,
+        avro: Option<&Arc<SchemaCache>>,
+    ) -> std::io::Result<Reader> {
+        match avro {
+            Some(schemas) => AvroFileReader::open(file, start, schemas).map(Reader::Avro),
+            None => LineReader::open(file, codec, start, buf).map(Reader::Lines),
+        }
+    }
+
+    fn pull(&mut self, each: &mut dyn FnMut(&Message<'_>) -> bool) -> std::io::Result<Pull> {
+        match self {
+            Reader::Lines(r) => r.pull(each),
+            Reader::Avro(r) => r.pull(each),
+        }
+    }
+
+    fn offset(&self) -> i64 {
+        match self {
+            Reader::Lines(r) => r.offset(),
+            Reader::Avro(r) => r.offset(),
+        }
+    }
+
+    /// An immutable (compressed) stream was read to its end.
+    fn finished(&self) -> bool {
+        match self {
+            Reader::Lines(r) => r.finished(),
+            Reader::Avro(_) => false,
+        }
+    }
 }
 
 /// Bytes at the start of a file that go into its identity.
@@ -73,7 +121,7 @@ fn same_file(known: &str, path: &Path, meta: &std::fs::Metadata) -> bool {
 struct Slot {
     path: PathBuf,
     codec: Codec,
-    reader: Option<LineReader>,
+    reader: Option<Reader>,
     /// The size last seen (plain files), or the decompressed length once read to the end.
     size: Option<i64>,
     next: i64,
@@ -212,7 +260,7 @@ impl FileSource {
         for (j, f) in found.into_iter().enumerate() {
             if !taken[j] {
                 let start = if first_run && src.opts.start_at_end {
-                    end_of(&f)?
+                    end_of(&f, src.opts.avro.as_ref())?
                 } else {
                     0
                 };
@@ -266,7 +314,7 @@ impl FileSource {
     fn add_known(&mut self, k: &PartitionState, hit: Option<Found>) -> Result<()> {
         let (path, id, size, gone) = match hit {
             Some(f) => {
-                let codec = Codec::of(&f.path);
+                let codec = self.codec(&f.path);
                 if codec == Codec::Plain && f.size < k.next_offset {
                     return Err(EtlError::source(
                         &self.source_name,
@@ -306,7 +354,7 @@ impl FileSource {
             gone,
         });
         self.slots.push(Slot {
-            codec: Codec::of(&path),
+            codec: self.codec(&path),
             path,
             reader: None,
             size,
@@ -315,8 +363,16 @@ impl FileSource {
         Ok(())
     }
 
+    /// How a file is stored: by its name, or an Avro file (every file of an Avro job).
+    fn codec(&self, path: &Path) -> Codec {
+        match self.opts.avro {
+            Some(_) => Codec::Avro,
+            None => Codec::of(path),
+        }
+    }
+
     fn add_new(&mut self, f: Found, start: i64) {
-        let codec = Codec::of(&f.path);
+        let codec = self.codec(&f.path);
         self.parts.push(SourcePartition {
             partition: self.next_free,
             name: f.path.to_string_lossy().into_owned(),
@@ -352,7 +408,7 @@ impl FileSource {
     /// (a log rotated) since it was found, and another file may have taken its name, which must
     /// never be read in its place. None when the file is nowhere to be found: the partition is
     /// then gone, with a gap for what was not read.
-    fn reader(&mut self, idx: usize) -> Result<Option<&mut LineReader>> {
+    fn reader(&mut self, idx: usize) -> Result<Option<&mut Reader>> {
         if self.slots[idx].reader.is_none() && !self.open_reader(idx)? {
             return Ok(None);
         }
@@ -398,10 +454,32 @@ impl FileSource {
                 File::open(&slot.path).map_err(|e| err(&slot.path, e.to_string()))?
             }
         };
-        slot.reader = Some(
-            LineReader::open(file, slot.codec, slot.next, self.buf_size)
-                .map_err(|e| err(&slot.path, e.to_string()))?,
+        let reader = Reader::open(
+            file,
+            slot.codec,
+            slot.next,
+            self.buf_size,
+            self.opts.avro.as_ref(),
         );
+        slot.reader = match reader {
+            Ok(r) => Some(r),
+            // A file of an Avro job that is not one (or whose header is damaged) is reported
+            // whole, like a damaged compressed file; the job goes on with the others.
+            Err(e) if slot.codec == Codec::Avro && e.kind() == std::io::ErrorKind::InvalidData => {
+                part.gone = true;
+                self.gaps.push(Gap {
+                    partition: part.partition,
+                    from: slot.next,
+                    message: format!(
+                        "file '{}' cannot be read as Avro after offset {}: {e}",
+                        slot.path.display(),
+                        slot.next
+                    ),
+                });
+                return Ok(false);
+            }
+            Err(e) => return Err(err(&slot.path, e.to_string())),
+        };
         Ok(true)
     }
 }
@@ -433,14 +511,19 @@ fn found_clone(f: &Found) -> Found {
 }
 
 /// The stream length of a file (decompressed, for compressed ones).
-fn end_of(f: &Found) -> Result<i64> {
-    match Codec::of(&f.path) {
+fn end_of(f: &Found, avro: Option<&Arc<SchemaCache>>) -> Result<i64> {
+    let codec = if avro.is_some() {
+        Codec::Avro
+    } else {
+        Codec::of(&f.path)
+    };
+    match codec {
         Codec::Plain => Ok(f.size),
         codec => {
             let file = File::open(&f.path).map_err(|e| {
                 EtlError::source("file", format!("cannot read '{}': {e}", f.path.display()))
             })?;
-            let mut r = LineReader::open(file, codec, 0, 1 << 16).map_err(|e| {
+            let mut r = Reader::open(file, codec, 0, 1 << 16, avro).map_err(|e| {
                 EtlError::source("file", format!("cannot read '{}': {e}", f.path.display()))
             })?;
             r.pull(&mut |_| true).map_err(|e| {
@@ -487,11 +570,19 @@ impl Source for FileSource {
                 self.gaps.push(Gap {
                     partition: self.parts[idx].partition,
                     from: slot.next,
-                    message: format!(
-                        "file '{}' cannot be decompressed after byte {} of its content: {e}",
-                        slot.path.display(),
-                        slot.next
-                    ),
+                    message: if slot.codec == Codec::Avro {
+                        format!(
+                            "file '{}' cannot be read as Avro after offset {}: {e}",
+                            slot.path.display(),
+                            slot.next
+                        )
+                    } else {
+                        format!(
+                            "file '{}' cannot be decompressed after byte {} of its content: {e}",
+                            slot.path.display(),
+                            slot.next
+                        )
+                    },
                 });
                 slot.reader = None;
                 self.parts[idx].gone = true;

@@ -15,6 +15,8 @@ pub(crate) enum Codec {
     Plain,
     Gzip,
     Zstd,
+    /// An Avro object container file (read by `avro_file`, never as lines).
+    Avro,
 }
 
 impl Codec {
@@ -50,6 +52,7 @@ fn open_decoder(file: File, codec: Codec) -> std::io::Result<Box<dyn Read + Send
         Codec::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(BufReader::new(
             file,
         ))?),
+        Codec::Avro => return Err(std::io::Error::other("an Avro file is not read as lines")),
     })
 }
 
@@ -110,6 +113,7 @@ impl LineReader {
                     payload: &self.buf[self.pos..self.pos + nl],
                     key: None,
                     timestamp: None,
+                    schema: None,
                 };
                 self.pos += nl + 1;
                 if !each(&msg) {
@@ -128,6 +132,7 @@ impl LineReader {
                         payload: &self.buf[self.pos..self.end],
                         key: None,
                         timestamp: None,
+                        schema: None,
                     };
                     self.pos = self.end;
                     if !each(&msg) {

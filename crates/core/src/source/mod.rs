@@ -1,6 +1,7 @@
 //! Sources: partitioned logs of messages, each addressed by (partition, offset). A source only
 //! delivers bytes; decoding, watermarks and windows happen in the pipeline.
 
+pub(crate) mod avro_file;
 pub mod file;
 pub mod glob;
 pub mod lines;
@@ -18,6 +19,9 @@ pub struct Message<'a> {
     pub key: Option<&'a [u8]>,
     /// The Kafka record's timestamp (create or log-append time, epoch ms), when it has one.
     pub timestamp: Option<i64>,
+    /// The payload is a datum of an Avro file, of this file schema (see
+    /// [`crate::SchemaCache::add_file_schema`]); None: it carries its own framing.
+    pub schema: Option<u32>,
 }
 
 /// Why a pull returned.
@@ -146,6 +150,7 @@ pub mod memory {
                     payload: m,
                     key: None,
                     timestamp: None,
+                    schema: None,
                 };
                 if !each(&msg) {
                     return Ok(if self.pos[idx] < self.messages[idx].len() {

@@ -1,0 +1,587 @@
+//! Message formats besides JSON: Avro and Protobuf records, in the schema registry's wire
+//! format (a magic byte 0, a 4-byte big-endian schema id, for Protobuf the message indexes,
+//! then the encoded record) or, for Avro, as datums of an object container file. Schemas come
+//! into a [`SchemaCache`] from outside (the registry client is an adapter; a file source reads
+//! its file's header); decoding only looks them up, so it never waits on a network.
+
+pub(crate) mod avro;
+pub(crate) mod protobuf;
+pub(crate) mod varint;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{Arc, RwLock};
+
+use crate::decode::{DecodeError, Decoder, FieldPath, Fields, Kind, Span};
+
+/// How a job's messages are encoded.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Format {
+    #[default]
+    Json,
+    Avro,
+    /// `message`: the full name of the message type the job reads (None: the one each record
+    /// names in its framing, the schema's first by default).
+    Protobuf {
+        message: Option<String>,
+    },
+}
+
+impl Format {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Format::Json => "json",
+            Format::Avro => "avro",
+            Format::Protobuf { .. } => "protobuf",
+        }
+    }
+
+    /// Avro or Protobuf: records whose schema is looked up by id.
+    pub fn is_binary(&self) -> bool {
+        !matches!(self, Format::Json)
+    }
+}
+
+/// The kind of a registered schema (the registry's `schemaType`; absent means Avro).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaType {
+    Avro,
+    Protobuf,
+    Json,
+}
+
+impl SchemaType {
+    pub fn name(self) -> &'static str {
+        match self {
+            SchemaType::Avro => "Avro",
+            SchemaType::Protobuf => "Protobuf",
+            SchemaType::Json => "JSON Schema",
+        }
+    }
+}
+
+/// A schema as the registry serves it: its text, and the schemas its references name (by the
+/// reference's name: a `.proto` import path, or an Avro type's full name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisteredSchema {
+    pub kind: SchemaType,
+    pub text: String,
+    pub references: Vec<(String, String)>,
+}
+
+#[derive(Debug)]
+pub(crate) enum Compiled {
+    Avro(Box<avro::AvroSchema>),
+    Protobuf(protobuf::ProtoSchema),
+    /// A schema of a kind no job reads (JSON Schema).
+    Other(SchemaType),
+}
+
+/// What the cache knows of a schema id.
+#[derive(Debug, Clone)]
+pub(crate) enum Entry {
+    Known(Arc<Compiled>),
+    /// The registry has no schema with this id.
+    Unknown,
+}
+
+/// Schemas by registry id, and the schemas of Avro files (by a number of the run's own),
+/// shared by a run's decoders.
+#[derive(Debug, Default)]
+pub struct SchemaCache {
+    by_id: RwLock<HashMap<u32, Entry>>,
+    files: RwLock<Vec<(String, Arc<Compiled>)>>,
+}
+
+impl SchemaCache {
+    pub fn new() -> Arc<SchemaCache> {
+        Arc::new(SchemaCache::default())
+    }
+
+    /// Whether the id was looked up already (known or known to be missing).
+    pub fn contains(&self, id: u32) -> bool {
+        self.by_id.read().is_ok_and(|m| m.contains_key(&id))
+    }
+
+    /// Records what the registry answered for `id` (None: it has no such schema). A schema
+    /// that does not parse is an error, naming why.
+    pub fn add(&self, id: u32, schema: Option<&RegisteredSchema>) -> Result<(), String> {
+        let entry = match schema {
+            None => Entry::Unknown,
+            Some(s) => Entry::Known(Arc::new(compile(s)?)),
+        };
+        if let Ok(mut m) = self.by_id.write() {
+            m.insert(id, entry);
+        }
+        Ok(())
+    }
+
+    /// An Avro object container file's schema: its number for [`crate::Message::schema`].
+    pub fn add_file_schema(&self, text: &str) -> Result<u32, String> {
+        let mut files = self
+            .files
+            .write()
+            .map_err(|_| "schema cache poisoned".to_string())?;
+        if let Some(i) = files.iter().position(|(t, _)| t == text) {
+            return Ok(i as u32);
+        }
+        let schema = avro::AvroSchema::parse(text, &[])?;
+        files.push((text.to_string(), Arc::new(Compiled::Avro(Box::new(schema)))));
+        Ok((files.len() - 1) as u32)
+    }
+
+    pub(crate) fn get(&self, id: u32) -> Option<Entry> {
+        self.by_id.read().ok()?.get(&id).cloned()
+    }
+
+    pub(crate) fn file(&self, n: u32) -> Option<Arc<Compiled>> {
+        self.files
+            .read()
+            .ok()?
+            .get(n as usize)
+            .map(|(_, c)| c.clone())
+    }
+}
+
+fn compile(s: &RegisteredSchema) -> Result<Compiled, String> {
+    Ok(match s.kind {
+        SchemaType::Avro => {
+            let refs: Vec<String> = s.references.iter().map(|(_, t)| t.clone()).collect();
+            Compiled::Avro(Box::new(avro::AvroSchema::parse(&s.text, &refs)?))
+        }
+        SchemaType::Protobuf => Compiled::Protobuf(protobuf::ProtoSchema::parse(s)?),
+        SchemaType::Json => Compiled::Other(SchemaType::Json),
+    })
+}
+
+/// A shared cache inside the engine's configuration: compared as always equal (it is not a
+/// setting).
+#[derive(Debug, Clone, Default)]
+pub struct Schemas(pub Arc<SchemaCache>);
+
+impl PartialEq for Schemas {
+    fn eq(&self, _: &Schemas) -> bool {
+        true
+    }
+}
+
+impl Eq for Schemas {}
+
+/// Why a binary record does not decode (the text goes into the dead letter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadError {
+    Bad(&'static str),
+    TooDeep,
+}
+
+/// Every path's bit.
+pub(crate) fn all_paths(n: usize) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+/// The paths whose segment at `depth` is `name`: those that end there, and those that go on.
+pub(crate) fn masks(paths: &[FieldPath], depth: usize, name: &[u8]) -> (u64, u64) {
+    let (mut leaf, mut deeper) = (0, 0);
+    for (i, p) in paths.iter().enumerate().take(64) {
+        let segs = p.segments();
+        if segs.get(depth).map(|s| &s[..]) == Some(name) {
+            if segs.len() == depth + 1 {
+                leaf |= 1 << i;
+            } else {
+                deeper |= 1 << i;
+            }
+        }
+    }
+    (leaf, deeper)
+}
+
+/// Where a binary decoder puts the fields it finds: the same spans the JSON decoder fills
+/// (strings in the message itself; numbers rendered into the scratch buffer as JSON writes
+/// them, so the rest of the pipeline reads every format alike).
+pub(crate) struct Out<'a> {
+    pub spans: &'a mut [Span],
+    pub scratch: &'a mut Vec<u8>,
+    /// Where the record starts in the message (after the wire-format header).
+    pub base: usize,
+    /// Paths given a value.
+    pub found: u64,
+    /// Paths only numeric aggregates read (a float there needs no text).
+    pub numbers_only: u64,
+}
+
+impl Out<'_> {
+    #[inline]
+    fn each(&mut self, mask: u64, span: Span) {
+        let mut m = mask;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            if let Some(s) = self.spans.get_mut(i) {
+                *s = span;
+            }
+        }
+        self.found |= mask;
+    }
+
+    /// A value with no text (null, an object, an array).
+    #[inline]
+    pub fn set(&mut self, mask: u64, kind: Kind, _: &[u8]) {
+        if mask != 0 {
+            self.each(mask, Span::new(kind, 0, 0, false, false));
+        }
+    }
+
+    /// Text copied into the scratch buffer.
+    #[inline]
+    pub fn set_scratch(&mut self, mask: u64, kind: Kind, text: &[u8], integer: bool) {
+        if mask != 0 {
+            let start = self.scratch.len();
+            self.scratch.extend_from_slice(text);
+            self.each(
+                mask,
+                Span::new(kind, start, self.scratch.len(), true, integer),
+            );
+        }
+    }
+
+    /// An integer (`timestamp`: epoch milliseconds of a timestamp type: an event time as is).
+    #[inline]
+    pub fn set_int(&mut self, mask: u64, v: i64, timestamp: bool) {
+        if mask != 0 {
+            let start = self.scratch.len();
+            if v < 0 {
+                self.scratch.push(b'-');
+            }
+            digits(self.scratch, v.unsigned_abs());
+            let mut s = Span::new(Kind::Number, start, self.scratch.len(), true, true);
+            s.timestamp = timestamp;
+            self.each(mask, s);
+        }
+    }
+
+    #[inline]
+    pub fn set_uint(&mut self, mask: u64, v: u64) {
+        if mask != 0 {
+            let start = self.scratch.len();
+            digits(self.scratch, v);
+            self.each(
+                mask,
+                Span::new(Kind::Number, start, self.scratch.len(), true, true),
+            );
+        }
+    }
+
+    /// A floating-point number; NaN and infinities are not numbers JSON can write, so they
+    /// read as nulls would.
+    #[inline]
+    pub fn set_float(&mut self, mask: u64, v: f64) {
+        if mask == 0 {
+            return;
+        }
+        if !v.is_finite() {
+            return self.set(mask, Kind::Null, &[]);
+        }
+        let start = self.scratch.len();
+        if mask & !self.numbers_only != 0 {
+            let _ = write!(self.scratch, "{v:?}");
+        }
+        let mut s = Span::new(Kind::Number, start, self.scratch.len(), true, false);
+        s.number = Some(v);
+        self.each(mask, s);
+    }
+
+    /// A 32-bit float, written with the digits it was given (0.1, not 0.10000000149011612).
+    #[inline]
+    pub fn set_f32(&mut self, mask: u64, v: f32) {
+        if mask == 0 {
+            return;
+        }
+        if !v.is_finite() {
+            return self.set(mask, Kind::Null, &[]);
+        }
+        let start = self.scratch.len();
+        let _ = write!(self.scratch, "{v:?}");
+        self.each(
+            mask,
+            Span::new(Kind::Number, start, self.scratch.len(), true, false),
+        );
+    }
+
+    /// A string (or bytes) at `pos` in the record: text when it is UTF-8, else binary data.
+    #[inline]
+    pub fn set_raw(&mut self, mask: u64, pos: usize, s: &[u8]) {
+        if mask != 0 {
+            let kind = if std::str::from_utf8(s).is_ok() {
+                Kind::String
+            } else {
+                Kind::Bytes
+            };
+            let start = self.base + pos;
+            self.each(mask, Span::new(kind, start, start + s.len(), false, false));
+        }
+    }
+}
+
+/// Whose schema a record is read with: a registry id (with Protobuf's message indexes), or an
+/// Avro file's schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PlanKey {
+    file: bool,
+    id: u32,
+    indexes: [u32; 16],
+    n: u8,
+}
+
+enum Plan {
+    Avro(Arc<Compiled>, avro::AvroPlan),
+    Protobuf(protobuf::ProtoPlan),
+    Fail(DecodeError),
+}
+
+/// Decodes Avro or Protobuf records for a fixed set of paths, with a plan per schema (and
+/// message) made the first time a record names it.
+pub(crate) struct BinaryDecoder {
+    format: Format,
+    cache: Arc<SchemaCache>,
+    paths: Vec<FieldPath>,
+    plans: Vec<Plan>,
+    by_key: HashMap<PlanKey, usize>,
+    /// The last record's key and plan: records of one schema come in runs, so most records
+    /// skip the hash lookup.
+    last: Option<(PlanKey, usize)>,
+}
+
+impl BinaryDecoder {
+    pub(crate) fn new(format: &Format, cache: &Arc<SchemaCache>, paths: &[FieldPath]) -> Self {
+        BinaryDecoder {
+            format: format.clone(),
+            cache: cache.clone(),
+            paths: paths.to_vec(),
+            plans: Vec::new(),
+            by_key: HashMap::new(),
+            last: None,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self.format {
+            Format::Protobuf { .. } => "Protobuf",
+            _ => "Avro",
+        }
+    }
+
+    /// Fills `spans` from `raw` (a framed record, or a file's datum of schema `file_schema`).
+    pub(crate) fn decode(
+        &mut self,
+        raw: &[u8],
+        file_schema: Option<u32>,
+        spans: &mut [Span],
+        scratch: &mut Vec<u8>,
+        numbers_only: u64,
+    ) -> Result<(), DecodeError> {
+        let name = self.name();
+        let bad = |e: ReadError| match e {
+            ReadError::Bad(why) => DecodeError::Undecodable(name, why),
+            ReadError::TooDeep => DecodeError::TooDeep,
+        };
+        let (key, body) = match file_schema {
+            Some(n) => (
+                PlanKey {
+                    file: true,
+                    id: n,
+                    indexes: [0; 16],
+                    n: 0,
+                },
+                0,
+            ),
+            None => {
+                match raw.first() {
+                    None => return Err(DecodeError::Empty),
+                    Some(&b) if b != 0 => return Err(DecodeError::NoMagicByte(b)),
+                    _ => {}
+                }
+                let id = match raw.get(1..5) {
+                    Some(b) => u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
+                    None => return Err(DecodeError::NoHeader),
+                };
+                let mut indexes = [0u32; 16];
+                let (n, used) = match self.format {
+                    Format::Protobuf { .. } => {
+                        protobuf::message_indexes(&raw[5..], &mut indexes).map_err(bad)?
+                    }
+                    _ => (0, 0),
+                };
+                (
+                    PlanKey {
+                        file: false,
+                        id,
+                        indexes,
+                        n: n as u8,
+                    },
+                    5 + used,
+                )
+            }
+        };
+        let at = match self.last {
+            Some((k, at)) if k == key => at,
+            _ => {
+                let at = match self.by_key.get(&key) {
+                    Some(&at) => at,
+                    None => {
+                        let Some(plan) = self.plan(&key) else {
+                            return Err(DecodeError::UnknownSchema(key.id));
+                        };
+                        self.plans.push(plan);
+                        self.by_key.insert(key, self.plans.len() - 1);
+                        self.plans.len() - 1
+                    }
+                };
+                self.last = Some((key, at));
+                at
+            }
+        };
+        let mut out = Out {
+            spans,
+            scratch,
+            base: body,
+            found: 0,
+            numbers_only,
+        };
+        let data = raw.get(body..).unwrap_or(&[]);
+        match self.plans.get(at) {
+            Some(Plan::Avro(c, plan)) => match &**c {
+                Compiled::Avro(s) => s.read(plan, data, &mut out).map_err(bad),
+                _ => Err(DecodeError::UnknownSchema(key.id)),
+            },
+            Some(Plan::Protobuf(plan)) => plan.read(data, &mut out).map_err(bad),
+            Some(Plan::Fail(e)) => Err(*e),
+            None => Err(DecodeError::UnknownSchema(key.id)),
+        }
+    }
+
+    /// None: the schema was never looked up (the source resolves every id before it delivers
+    /// a record, so this is not cached).
+    fn plan(&self, key: &PlanKey) -> Option<Plan> {
+        let compiled = if key.file {
+            self.cache.file(key.id)?
+        } else {
+            match self.cache.get(key.id)? {
+                Entry::Unknown => return Some(Plan::Fail(DecodeError::UnknownSchema(key.id))),
+                Entry::Known(c) => c,
+            }
+        };
+        Some(match (&self.format, &*compiled) {
+            (Format::Avro, Compiled::Avro(s)) => {
+                let plan = s.plan(&self.paths);
+                Plan::Avro(compiled.clone(), plan)
+            }
+            (Format::Protobuf { message }, Compiled::Protobuf(s)) => {
+                let Some(m) = s.message(&key.indexes[..key.n as usize]) else {
+                    return Some(Plan::Fail(DecodeError::NoSuchMessage(key.id)));
+                };
+                let plan = s.plan(&m, &self.paths);
+                if message.as_deref().is_some_and(|want| want != plan.name()) {
+                    return Some(Plan::Fail(DecodeError::OtherMessage(key.id)));
+                }
+                Plan::Protobuf(plan)
+            }
+            (_, Compiled::Avro(_)) => Plan::Fail(DecodeError::OtherFormat(key.id, "Avro")),
+            (_, Compiled::Protobuf(_)) => Plan::Fail(DecodeError::OtherFormat(key.id, "Protobuf")),
+            (_, Compiled::Other(t)) => Plan::Fail(DecodeError::OtherFormat(key.id, t.name())),
+        })
+    }
+}
+
+/// The decimal digits of `v`, appended (what `write!` does, without its formatting machinery).
+#[inline]
+fn digits(out: &mut Vec<u8>, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// A binary record as JSON text (a late event's `payload_json`): the whole record, as the
+/// format's own library renders it; `null` if it cannot be (it decoded, so it should).
+pub(crate) fn record_json(schemas: &Schemas, raw: &[u8], file_schema: Option<u32>) -> String {
+    let rendered = || -> Option<String> {
+        if let Some(n) = file_schema {
+            return match &*schemas.0.file(n)? {
+                Compiled::Avro(s) => s.json(raw),
+                _ => None,
+            };
+        }
+        let id = u32::from_be_bytes(raw.get(1..5)?.try_into().ok()?);
+        let Entry::Known(c) = schemas.0.get(id)? else {
+            return None;
+        };
+        match &*c {
+            Compiled::Avro(s) => s.json(raw.get(5..)?),
+            Compiled::Protobuf(s) => {
+                let mut indexes = [0u32; 16];
+                let (n, used) = protobuf::message_indexes(raw.get(5..)?, &mut indexes).ok()?;
+                s.json(&indexes[..n], raw.get(5 + used..)?)
+            }
+            Compiled::Other(_) => None,
+        }
+    };
+    rendered().unwrap_or_else(|| "null".to_string())
+}
+
+/// A job's decoder: JSON objects, or Avro or Protobuf records, read into the same fields.
+pub struct RecordDecoder {
+    fields: Decoder,
+    binary: Option<BinaryDecoder>,
+    numbers_only: u64,
+}
+
+impl RecordDecoder {
+    pub fn new(paths: Vec<FieldPath>, format: &Format, schemas: &Schemas) -> RecordDecoder {
+        let binary = format
+            .is_binary()
+            .then(|| BinaryDecoder::new(format, &schemas.0, &paths));
+        RecordDecoder {
+            fields: Decoder::new(paths),
+            binary,
+            numbers_only: 0,
+        }
+    }
+
+    /// Paths only numeric aggregates read: a binary format's floats there get no text.
+    pub(crate) fn numbers_only(mut self, mask: u64) -> RecordDecoder {
+        self.numbers_only = mask;
+        self
+    }
+
+    /// Decodes one message (`file_schema`: a datum of that Avro file schema).
+    #[inline]
+    pub fn decode<'a>(
+        &'a mut self,
+        raw: &'a [u8],
+        file_schema: Option<u32>,
+    ) -> Result<Fields<'a>, DecodeError> {
+        match &mut self.binary {
+            None => self.fields.decode(raw),
+            Some(b) => {
+                let numbers_only = self.numbers_only;
+                self.fields.decode_with(raw, |spans, scratch| {
+                    b.decode(raw, file_schema, spans, scratch, numbers_only)
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
