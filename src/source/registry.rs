@@ -23,12 +23,12 @@ pub struct Registry {
 
 impl Registry {
     pub fn new(params: &RegistryParams, cache: &Arc<SchemaCache>) -> Result<Registry, String> {
-        let mut config = ureq::Agent::config_builder()
+        // Always the system OpenSSL (native-tls) with the system's roots unless
+        // ssl.ca.location names others: ureq's own default provider is not built in.
+        let config = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_millis(params.timeout_ms)))
-            .http_status_as_error(false);
-        if params.ca_location.is_some() || params.certificate_location.is_some() {
-            config = config.tls_config(tls(params)?);
-        }
+            .http_status_as_error(false)
+            .tls_config(tls(params)?);
         Ok(Registry {
             url: params.url.trim_end_matches('/').to_string(),
             auth: params.user_info.as_deref().map(basic_auth),
@@ -151,7 +151,9 @@ fn tls(params: &RegistryParams) -> Result<ureq::tls::TlsConfig, String> {
     let read = |what: &str, path: &str| {
         std::fs::read(path).map_err(|e| format!("cannot read {what} '{path}': {e}"))
     };
-    let mut b = TlsConfig::builder().provider(TlsProvider::NativeTls);
+    let mut b = TlsConfig::builder()
+        .provider(TlsProvider::NativeTls)
+        .root_certs(RootCerts::PlatformVerifier);
     if let Some(ca) = &params.ca_location {
         let pem = read("ssl.ca.location", ca)?;
         let certs = ureq::tls::parse_pem(&pem)

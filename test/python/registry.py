@@ -123,10 +123,16 @@ class Handler(BaseHTTPRequestHandler):
         self.reply(404, {"error_code": 404, "message": f"not served here: {self.path}"})
 
 
-def serve(port, user=None):
-    """Starts a registry on 127.0.0.1:port in a thread of this process; returns the server."""
+def serve(port, user=None, cert=None, key=None):
+    """Starts a registry on 127.0.0.1:port in a thread of this process (HTTPS with cert and
+    key); returns the server."""
     handler = type("H", (Handler,), {"store": Store(), "user": user, "requests": []})
     server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    if cert:
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

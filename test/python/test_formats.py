@@ -243,6 +243,31 @@ def test_basic_auth_goes_through_schema_registry_options(mock, tmp_path):
         server.server_close()
 
 
+def test_tls_with_the_registry_s_certificate_authority(mock, tmp_path):
+    import subprocess
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    server = registry.serve(0, cert=str(cert), key=str(key))
+    url = f"https://127.0.0.1:{server.server_address[1]}"
+    try:
+        topic = topic_name()
+        mock.create_topic(topic, 1)
+        events = valid_events(SKEW[0])[:50]
+        ser = avro_serializer(url, EVENT_AVRO, **{"ssl.ca.location": str(cert)})
+        produce(mock.bootstrap, topic, [serialize(ser, topic, events)])
+        con = connect()
+        # Without the authority the server's certificate is not trusted.
+        with pytest.raises(Exception, match=f"schema registry '{url}'"):
+            run(con, topic, mock, url, "format := 'avro'")
+        run(con, topic, mock, url, "format := 'avro'", f"schema_registry_options := MAP {{'ssl.ca.location': '{cert}'}}")
+        assert tables(con) == json_tables(tmp_path, [events])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def write_avro(path, events, codec="deflate"):
     with open(path, "wb") as f:
         fastavro.writer(f, fastavro.parse_schema(EVENT_AVRO), events, codec=codec, sync_interval=2000)
