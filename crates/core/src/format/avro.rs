@@ -152,7 +152,7 @@ impl AvroSchema {
             return Err(ReadError::TooDeep);
         }
         match &self.nodes[node] {
-            Node::Null => out.set(leaf, Kind::Null, &[]),
+            Node::Null => out.set(leaf, Kind::Null),
             Node::Boolean => {
                 let b = r.take(1)?[0];
                 let text: &[u8] = match b {
@@ -206,7 +206,7 @@ impl AvroSchema {
                 return self.value(plan, r, b, depth, leaf, deeper, out);
             }
             Node::Record(fields) => {
-                out.set(leaf, Kind::Object, &[]);
+                out.set(leaf, Kind::Object);
                 let masks = plan.masks.get(depth).and_then(|m| m[node].as_deref());
                 for (f, &(_, child)) in fields.iter().enumerate() {
                     let (l, d) = match (masks, deeper) {
@@ -217,16 +217,16 @@ impl AvroSchema {
                 }
             }
             Node::Map(values) => {
-                out.set(leaf, Kind::Object, &[]);
-                self.blocks(r, depth, |s, r| {
+                out.set(leaf, Kind::Object);
+                self.blocks(r, |s, r| {
                     let key = r.bytes()?;
                     let (l, d) = plan.key_masks(deeper, depth, key);
                     s.value(plan, r, *values, depth + 1, l, d, out)
                 })?;
             }
             Node::Array(items) => {
-                out.set(leaf, Kind::Array, &[]);
-                self.blocks(r, depth, |s, r| s.skip(r, *items, depth + 1))?;
+                out.set(leaf, Kind::Array);
+                self.blocks(r, |s, r| s.skip(r, *items, depth + 1))?;
             }
             Node::Pending => return Err(ReadError::Bad("an unresolved named type")),
         }
@@ -238,10 +238,8 @@ impl AvroSchema {
     fn blocks(
         &self,
         r: &mut Cursor<'_>,
-        depth: usize,
         mut item: impl FnMut(&Self, &mut Cursor<'_>) -> Result<(), ReadError>,
     ) -> Result<(), ReadError> {
-        let _ = depth;
         loop {
             let mut count = varint::zigzag(r.b, &mut r.i)?;
             if count == 0 {

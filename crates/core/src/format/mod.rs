@@ -229,7 +229,7 @@ impl Out<'_> {
 
     /// A value with no text (null, an object, an array).
     #[inline]
-    pub fn set(&mut self, mask: u64, kind: Kind, _: &[u8]) {
+    pub fn set(&mut self, mask: u64, kind: Kind) {
         if mask != 0 {
             self.each(mask, Span::new(kind, 0, 0, false, false));
         }
@@ -283,7 +283,7 @@ impl Out<'_> {
             return;
         }
         if !v.is_finite() {
-            return self.set(mask, Kind::Null, &[]);
+            return self.set(mask, Kind::Null);
         }
         let start = self.scratch.len();
         if mask & !self.numbers_only != 0 {
@@ -301,7 +301,7 @@ impl Out<'_> {
             return;
         }
         if !v.is_finite() {
-            return self.set(mask, Kind::Null, &[]);
+            return self.set(mask, Kind::Null);
         }
         let start = self.scratch.len();
         let _ = write!(self.scratch, "{v:?}");

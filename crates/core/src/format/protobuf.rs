@@ -307,11 +307,7 @@ impl ProtoPlan {
             };
             let field = &msg.fields[f];
             if field.repeated {
-                out.set(
-                    leaf,
-                    if field.map { Kind::Object } else { Kind::Array },
-                    &[],
-                );
+                out.set(leaf, if field.map { Kind::Object } else { Kind::Array });
                 skip(data, &mut i, wire, number, 0)?;
                 continue;
             }
@@ -325,11 +321,7 @@ impl ProtoPlan {
                     continue;
                 }
                 if field.repeated {
-                    out.set(
-                        leaf,
-                        if field.map { Kind::Object } else { Kind::Array },
-                        &[],
-                    );
+                    out.set(leaf, if field.map { Kind::Object } else { Kind::Array });
                 } else if !field.presence {
                     default(msg, field, leaf, out);
                 }
@@ -438,7 +430,7 @@ impl ProtoPlan {
                 if self.msgs[sub].timestamp && leaf != 0 {
                     out.set_int(leaf, timestamp_ms(s)?, true);
                 } else {
-                    out.set(leaf, Kind::Object, &[]);
+                    out.set(leaf, Kind::Object);
                 }
                 if deeper != 0 {
                     self.message(sub, s, start, depth + 1, deeper, out)?;
