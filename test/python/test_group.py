@@ -136,3 +136,50 @@ def test_two_members_racing_on_the_same_partitions_write_each_row_once(tmp_path,
             m.stop()
     assert any("moved to another member" in m.stderr() for m in members), [m.stderr()[-300:] for m in members]
     assert_same(tables(con, ""), straight(tmp_path, env, con, mock.bootstrap, topic))
+
+
+def test_avro_records_from_the_registry_in_a_group_equal_the_same_events_as_json(tmp_path, postgres, mock):
+    """Members share an Avro topic (records framed by confluent-kafka's serializer, schemas from
+    the test registry): the windows and late events of a JSON topic with the same events."""
+    import json
+
+    import registry
+    from brokers import produce
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    schema = {"type": "record", "name": "Event", "fields": [
+        {"name": "key", "type": "string"}, {"name": "event_time_ms", "type": "long"},
+        {"name": "payload", "type": {"type": "record", "name": "P", "fields": [{"name": "value", "type": "double"}]}}]}
+    reg = registry.serve(0)
+    url = f"http://127.0.0.1:{reg.server_address[1]}"
+    try:
+        parts = messages(0, 4000, seed=9, keyed=False)
+        ser = AvroSerializer(SchemaRegistryClient({"url": url}), json.dumps(schema))
+        ctx = SerializationContext("avro", MessageField.VALUE)
+
+        def framed(line):
+            if line.startswith("{not"):
+                return line.encode()  # a dead letter in both topics, at the same offset
+            e = json.loads(line)
+            e["payload"]["value"] = float(e["payload"]["value"])
+            return ser(e, ctx)
+        avro_topic, json_topic = "a" + uuid.uuid4().hex[:8], "j" + uuid.uuid4().hex[:8]
+        for t in (avro_topic, json_topic):
+            mock.create_topic(t, PARTITIONS)
+        produce(mock.bootstrap, avro_topic, [[framed(line) for _, line in p] for p in parts])
+        send(mock.bootstrap, json_topic, parts)
+        catalog, data, con = new_lake(tmp_path, postgres)
+        env = lake_env(catalog, data)
+        args = job_args(mock.bootstrap, "avro", "", "format='avro'", f"schema_registry='{url}'")
+        bounded_runs(tmp_path, ["m0", "m1"], env, avro_topic, args)
+        bounded_runs(tmp_path, ["last"], env, avro_topic, args)
+        want = straight(tmp_path, env, con, mock.bootstrap, json_topic)
+        got = tables(con, "")
+        assert len(got[0]) > 100 and len(got[1]) > 10
+        assert_same(got[:2], want[:2])
+        assert sorted(r[:2] for r in got[2]) == sorted(r[:2] for r in want[2]) and got[2]
+    finally:
+        reg.shutdown()
+        reg.server_close()
