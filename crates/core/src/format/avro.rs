@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use apache_avro::Schema;
 
-use super::{varint, Out, ReadError};
+use super::{array, varint, Out, ReadError};
 use crate::decode::{FieldPath, Kind, MAX_DEPTH};
 
 /// A schema flattened into nodes (named types are shared, so recursive types are finite).
@@ -171,14 +171,10 @@ impl AvroSchema {
                 out.set_int(leaf, v.div_euclid(*per_ms), true);
             }
             Node::Float => {
-                let b = r.take(4)?;
-                out.set_f32(leaf, f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                out.set_f32(leaf, f32::from_le_bytes(array(r.b, &mut r.i)?));
             }
             Node::Double => {
-                let b = r.take(8)?;
-                let mut a = [0u8; 8];
-                a.copy_from_slice(b);
-                out.set_float(leaf, f64::from_le_bytes(a));
+                out.set_float(leaf, f64::from_le_bytes(array(r.b, &mut r.i)?));
             }
             Node::String | Node::Bytes => {
                 let s = r.bytes()?;
@@ -197,12 +193,7 @@ impl AvroSchema {
                 out.set_scratch(leaf, Kind::String, s.as_bytes(), false);
             }
             Node::Union(branches) => {
-                let i = varint::zigzag(r.b, &mut r.i)?;
-                let b = usize::try_from(i)
-                    .ok()
-                    .and_then(|i| branches.get(i))
-                    .copied()
-                    .ok_or(ReadError::Bad("a union index outside its branches"))?;
+                let b = r.branch(branches)?;
                 return self.value(plan, r, b, depth, leaf, deeper, out);
             }
             Node::Record(fields) => {
@@ -282,12 +273,7 @@ impl AvroSchema {
                 r.take(*n)?;
             }
             Node::Union(branches) => {
-                let i = varint::zigzag(r.b, &mut r.i)?;
-                let b = usize::try_from(i)
-                    .ok()
-                    .and_then(|i| branches.get(i))
-                    .copied()
-                    .ok_or(ReadError::Bad("a union index outside its branches"))?;
+                let b = r.branch(branches)?;
                 self.skip(r, b, depth)?;
             }
             Node::Record(fields) => {
@@ -447,11 +433,18 @@ struct Cursor<'a> {
 impl<'a> Cursor<'a> {
     #[inline]
     fn take(&mut self, n: usize) -> Result<&'a [u8], ReadError> {
-        let end = self.i.checked_add(n).filter(|&e| e <= self.b.len());
-        let end = end.ok_or(ReadError::Bad("unexpected end of data"))?;
-        let s = &self.b[self.i..end];
-        self.i = end;
-        Ok(s)
+        super::take(self.b, &mut self.i, n)
+    }
+
+    /// A union's branch: its index, then the node it names.
+    #[inline]
+    fn branch(&mut self, branches: &[usize]) -> Result<usize, ReadError> {
+        let i = varint::zigzag(self.b, &mut self.i)?;
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| branches.get(i))
+            .copied()
+            .ok_or(ReadError::Bad("a union index outside its branches"))
     }
 
     /// A length-prefixed string or bytes.

@@ -174,6 +174,26 @@ pub(crate) enum ReadError {
     TooDeep,
 }
 
+/// The `n` bytes at `b[*i..]`, moving `i` past them.
+#[inline]
+pub(crate) fn take<'a>(b: &'a [u8], i: &mut usize, n: usize) -> Result<&'a [u8], ReadError> {
+    let end = i
+        .checked_add(n)
+        .filter(|&e| e <= b.len())
+        .ok_or(ReadError::Bad("unexpected end of data"))?;
+    let s = &b[*i..end];
+    *i = end;
+    Ok(s)
+}
+
+/// `N` bytes at `b[*i..]` (a fixed-width little-endian number), moving `i` past them.
+#[inline]
+pub(crate) fn array<const N: usize>(b: &[u8], i: &mut usize) -> Result<[u8; N], ReadError> {
+    let mut a = [0u8; N];
+    a.copy_from_slice(take(b, i, N)?);
+    Ok(a)
+}
+
 /// Every path's bit.
 pub(crate) fn all_paths(n: usize) -> u64 {
     if n >= 64 {
@@ -279,36 +299,42 @@ impl Out<'_> {
     /// read as nulls would.
     #[inline]
     pub fn set_float(&mut self, mask: u64, v: f64) {
-        if mask == 0 {
-            return;
-        }
-        if !v.is_finite() {
-            return self.set(mask, Kind::Null);
-        }
-        let start = self.scratch.len();
-        if mask & !self.numbers_only != 0 {
-            let _ = write!(self.scratch, "{v:?}");
-        }
-        let mut s = Span::new(Kind::Number, start, self.scratch.len(), true, false);
-        s.number = Some(v);
-        self.each(mask, s);
+        let text = mask & !self.numbers_only != 0;
+        self.float(mask, v.is_finite(), Some(v), |out| {
+            if text {
+                let _ = write!(out, "{v:?}");
+            }
+        });
     }
 
-    /// A 32-bit float, written with the digits it was given (0.1, not 0.10000000149011612).
+    /// A 32-bit float, written with the digits it was given (0.1, not 0.10000000149011612),
+    /// which is what it reads as.
     #[inline]
     pub fn set_f32(&mut self, mask: u64, v: f32) {
+        self.float(mask, v.is_finite(), None, |out| {
+            let _ = write!(out, "{v:?}");
+        });
+    }
+
+    #[inline]
+    fn float(
+        &mut self,
+        mask: u64,
+        finite: bool,
+        number: Option<f64>,
+        text: impl FnOnce(&mut Vec<u8>),
+    ) {
         if mask == 0 {
             return;
         }
-        if !v.is_finite() {
+        if !finite {
             return self.set(mask, Kind::Null);
         }
         let start = self.scratch.len();
-        let _ = write!(self.scratch, "{v:?}");
-        self.each(
-            mask,
-            Span::new(Kind::Number, start, self.scratch.len(), true, false),
-        );
+        text(self.scratch);
+        let mut s = Span::new(Kind::Number, start, self.scratch.len(), true, false);
+        s.number = number;
+        self.each(mask, s);
     }
 
     /// A string (or bytes) at `pos` in the record: text when it is UTF-8, else binary data.

@@ -14,7 +14,7 @@ use prost_reflect::prost_types::FileDescriptorProto;
 use prost_reflect::{DescriptorPool, FileDescriptor, Kind as PKind, MessageDescriptor};
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
 
-use super::{varint, Out, ReadError, RegisteredSchema};
+use super::{array, take, varint, Out, ReadError, RegisteredSchema};
 use crate::decode::{FieldPath, Kind, MAX_DEPTH};
 
 /// The name the schema itself is compiled under (its references keep their own).
@@ -355,38 +355,22 @@ impl ProtoPlan {
         }
         match field.ty {
             Ty::Double => {
-                let b = take(data, i, 8)?;
-                let mut a = [0u8; 8];
-                a.copy_from_slice(b);
-                out.set_float(leaf, f64::from_le_bytes(a));
+                out.set_float(leaf, f64::from_le_bytes(array(data, i)?));
             }
             Ty::Float => {
-                let b = take(data, i, 4)?;
-                out.set_f32(leaf, f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                out.set_f32(leaf, f32::from_le_bytes(array(data, i)?));
             }
             Ty::Fixed64 => {
-                let b = take(data, i, 8)?;
-                let mut a = [0u8; 8];
-                a.copy_from_slice(b);
-                out.set_uint(leaf, u64::from_le_bytes(a));
+                out.set_uint(leaf, u64::from_le_bytes(array(data, i)?));
             }
             Ty::Sfixed64 => {
-                let b = take(data, i, 8)?;
-                let mut a = [0u8; 8];
-                a.copy_from_slice(b);
-                out.set_int(leaf, i64::from_le_bytes(a), false);
+                out.set_int(leaf, i64::from_le_bytes(array(data, i)?), false);
             }
             Ty::Fixed32 => {
-                let b = take(data, i, 4)?;
-                out.set_uint(leaf, u32::from_le_bytes([b[0], b[1], b[2], b[3]]).into());
+                out.set_uint(leaf, u32::from_le_bytes(array(data, i)?).into());
             }
             Ty::Sfixed32 => {
-                let b = take(data, i, 4)?;
-                out.set_int(
-                    leaf,
-                    i32::from_le_bytes([b[0], b[1], b[2], b[3]]).into(),
-                    false,
-                );
+                out.set_int(leaf, i32::from_le_bytes(array(data, i)?).into(), false);
             }
             Ty::Int32 => {
                 let v = varint::unsigned(data, i)?;
@@ -471,16 +455,6 @@ fn timestamp_ms(data: &[u8]) -> Result<i64, ReadError> {
         .checked_mul(1000)
         .and_then(|ms| ms.checked_add(nanos.div_euclid(1_000_000)))
         .ok_or(ReadError::Bad("a timestamp out of range"))
-}
-
-fn take<'a>(data: &'a [u8], i: &mut usize, n: usize) -> Result<&'a [u8], ReadError> {
-    let end = i
-        .checked_add(n)
-        .filter(|&e| e <= data.len())
-        .ok_or(ReadError::Bad("unexpected end of data"))?;
-    let s = &data[*i..end];
-    *i = end;
-    Ok(s)
 }
 
 fn len_delimited<'a>(data: &'a [u8], i: &mut usize) -> Result<&'a [u8], ReadError> {
