@@ -21,7 +21,8 @@ pub fn logical_type(ty: ColumnType) -> LogicalTypeHandle {
         ColumnType::Integer => LogicalTypeId::Integer,
         ColumnType::BigInt => LogicalTypeId::Bigint,
         ColumnType::Double => LogicalTypeId::Double,
-        ColumnType::Varchar => LogicalTypeId::Varchar,
+        // A list travels as its text; the table's DOUBLE[] column casts it on insert.
+        ColumnType::Varchar | ColumnType::DoubleList => LogicalTypeId::Varchar,
         ColumnType::Blob => LogicalTypeId::Blob,
     })
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use duckdb::Connection;
-use streaming_etl_core::{ByTable, EtlError, OutputSchemas, Result, Rows, TableSchema};
+use streaming_etl_core::{ByTable, ColumnType, EtlError, OutputSchemas, Result, Rows, TableSchema};
 use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
 
 use crate::batch_function::{self, Lent};
@@ -238,19 +238,86 @@ pub(crate) fn insert_parts(
         })
         .collect();
     let query = selects.join(" UNION ALL ");
-    let sql = match verb {
-        Verb::Insert | Verb::Replace => format!(
-            "{} INTO {table} ({}) {query}",
-            if verb == Verb::Replace {
-                "INSERT OR REPLACE"
-            } else {
-                "INSERT"
-            },
-            column_list(schema),
-        ),
-        Verb::Merge => merge_sql(table, schema, &query),
+    let keyed = verb != Verb::Insert && !schema.primary_key.is_empty();
+    let sql = match revision_columns(schema).filter(|_| keyed) {
+        // Windows with revisions into a keyed table: the latest row per key wins, and a
+        // retracted one deletes the key's row.
+        Some((revision, retracted)) => {
+            let key: Vec<String> = key_positions(schema)
+                .iter()
+                .map(|i| format!("c{i}"))
+                .collect();
+            let latest = format!(
+                "SELECT * FROM ({query}) QUALIFY row_number() OVER (PARTITION BY {} ORDER BY c{revision} DESC) = 1",
+                key.join(", ")
+            );
+            // (DuckLake's MERGE takes one UPDATE or DELETE action: the deletes go first, apart.)
+            let delete = format!(
+                "DELETE FROM {table} AS t USING ({latest}) AS s WHERE {} AND s.c{retracted}",
+                key_match(schema)
+            );
+            let live = format!("SELECT * FROM ({latest}) WHERE NOT c{retracted}");
+            match verb {
+                Verb::Merge => format!("{delete}; {}", merge_sql(table, schema, &live)),
+                // (A keyed table with revisions is never written with a plain insert: see
+                // `write_batch`.)
+                Verb::Insert | Verb::Replace => format!(
+                    "{delete}; INSERT OR REPLACE INTO {table} ({}) {live}",
+                    column_list(schema),
+                ),
+            }
+        }
+        None => match verb {
+            Verb::Insert | Verb::Replace => format!(
+                "{} INTO {table} ({}) {query}",
+                if verb == Verb::Replace {
+                    "INSERT OR REPLACE"
+                } else {
+                    "INSERT"
+                },
+                column_list(schema),
+            ),
+            Verb::Merge => merge_sql(table, schema, &query),
+        },
     };
     conn.execute_batch(&sql).map_err(|e| sink_error(table, e))
+}
+
+/// The positions of `revision` and `retracted` in a windows table whose rows
+/// have revisions (`emit := 'update'`, `late_updates_ms`): the three BOOLEAN/BIGINT/BOOLEAN
+/// columns after the aggregates (no aggregate is BOOLEAN, so they cannot be mistaken).
+fn revision_columns(schema: &TableSchema) -> Option<(usize, usize)> {
+    let cols = &schema.columns;
+    let at = cols.iter().position(|c| c.name == "final")?;
+    let names = cols.get(at..at + 3)?;
+    let fits = names.iter().map(|c| (c.name.as_str(), c.ty)).eq([
+        ("final", ColumnType::Boolean),
+        ("revision", ColumnType::BigInt),
+        ("retracted", ColumnType::Boolean),
+    ]);
+    fits.then_some((at + 1, at + 2))
+}
+
+fn key_positions(schema: &TableSchema) -> Vec<usize> {
+    schema
+        .primary_key
+        .iter()
+        .filter_map(|k| schema.columns.iter().position(|c| &c.name == k))
+        .collect()
+}
+
+/// `t.k = s.cI AND ...` over the key columns (NULL keys match NULL, as a key's equality does).
+fn key_match(schema: &TableSchema) -> String {
+    key_positions(schema)
+        .iter()
+        .map(|&i| {
+            format!(
+                "t.{} IS NOT DISTINCT FROM s.c{i}",
+                quote_ident(&schema.columns[i].name)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ")
 }
 
 /// `MERGE INTO` on the schema's key columns (NULL keys match NULL, as a key's equality does);
@@ -312,7 +379,14 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
     let result = (|| {
         let parts = out.tables.as_ref().zip(out.schemas.as_ref());
         for (((table, schema), rows), keys) in parts.zip(out.batch.as_ref()).zip(plan.keys) {
-            insert(conn, table, schema, rows, plan.verb(keys))?;
+            let verb = match plan.verb(keys) {
+                // A window's row may be in the table already, from an earlier cycle.
+                Verb::Insert if keys == Keys::Primary && revision_columns(schema).is_some() => {
+                    Verb::Replace
+                }
+                verb => verb,
+            };
+            insert(conn, table, schema, rows, verb)?;
         }
         if let Some(marker) = plan.marker {
             // Batches are applied in order, each one only once the ones before it are

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use streaming_etl_core::{
-    iso8601_ms, split_alias, AggSpec, ByTable, EngineConfig, EtlError, FieldPath, Format,
+    iso8601_ms, split_alias, AggSpec, ByTable, Emit, EngineConfig, EtlError, FieldPath, Format,
     KeyColumn, Result, Schemas, TimeFormat, TimeSpec, WindowKind, Zone, DEFAULT_KEY_FIELD,
     MAX_AGGREGATES,
 };
@@ -225,6 +225,34 @@ fn parse_write_mode(given: &Given<'_>) -> Result<WriteMode> {
             shown(given.get(ParamId::WriteMode).unwrap_or(&Arg::Null)),
         )),
     }
+}
+
+/// `emit` and `late_updates_ms`: when window rows are written.
+fn parse_emit(given: &Given<'_>, window: WindowKind) -> Result<(Emit, Option<i64>)> {
+    let emit = match given
+        .text(ParamId::Emit)?
+        .map(|f| f.to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("close") => Emit::Close,
+        Some("update") => Emit::Update,
+        Some(_) => {
+            return Err(EtlError::invalid(
+                given.name(ParamId::Emit),
+                "must be 'close' or 'update'",
+                shown(given.get(ParamId::Emit).unwrap_or(&Arg::Null)),
+            ))
+        }
+    };
+    let late = given.positive(ParamId::LateUpdatesMs)?;
+    if let (Some(n), WindowKind::Session) = (late, window) {
+        return Err(EtlError::invalid(
+            given.name(ParamId::LateUpdatesMs),
+            "applies to tumbling and hopping windows, not to sessions",
+            n,
+        ));
+    }
+    Ok((emit, late))
 }
 
 /// `files`: whether the rolling rule is on.
@@ -536,6 +564,36 @@ fn parse_keys_and_aggregates(
     Ok((keys, default_key, aggs))
 }
 
+/// With revisions, `final`, `revision` and `retracted` are the windows table's own columns.
+fn check_revision_columns(given: &Given<'_>, engine: &EngineConfig) -> Result<()> {
+    let named = engine
+        .keys
+        .iter()
+        .map(|k| {
+            (
+                ParamId::GroupBy,
+                k.name.as_str(),
+                format!("{} AS {}", k.path.as_str(), k.name),
+            )
+        })
+        .chain(
+            engine
+                .aggregates
+                .iter()
+                .map(|a| (ParamId::Aggregates, a.name.as_str(), a.shown())),
+        );
+    for (param, name, expr) in named {
+        if ["final", "revision", "retracted"].contains(&name.to_ascii_lowercase().as_str()) {
+            return Err(EtlError::invalid(
+                given.name(param),
+                format!("column '{name}' is reserved for a window row's revision (emit := 'update', late_updates_ms); give the expression another name (AS ...)"),
+                format!("'{expr}'"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Parses and checks the arguments of `streaming_etl_run`.
 pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let (topic, source) = parse_topic(args)?;
@@ -602,6 +660,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         parse_keys_and_aggregates(&given, &key_field, &value_field)?;
     let (time_format, time_zone, kafka_timestamp) = parse_time(&given)?;
     let format = parse_format(&given, is_kafka)?;
+    let (emit, late_updates_ms) = parse_emit(&given, window)?;
     let engine = EngineConfig {
         time: TimeSpec {
             window_ms,
@@ -621,7 +680,12 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         value_field,
         format,
         schemas: Schemas::default(),
+        emit,
+        late_updates_ms,
     };
+    if engine.revisions() {
+        check_revision_columns(&given, &engine)?;
+    }
     let rolling = parse_files(&given)?;
     let write_mode = parse_write_mode(&given)?;
     // The sources' and sinks' settings the checkpoint keeps beside the engine's.

@@ -97,6 +97,8 @@ pub enum ParamId {
     Message,
     SchemaRegistry,
     SchemaRegistryOptions,
+    Emit,
+    LateUpdatesMs,
 }
 
 /// One named parameter.
@@ -165,7 +167,9 @@ pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::WindowKind, "window_kind", ParamType::Varchar, "`tumbling`", "`tumbling`, `hopping` (with `hop_ms`) or `session` (`window_ms` is the gap)"),
     param(ParamId::HopMs, "hop_ms", ParamType::BigInt, "none", "hopping windows: a window of `window_ms` starts every `hop_ms` (divides `window_ms`)"),
     param(ParamId::GroupBy, "group_by", ParamType::VarcharList, "`[key_field]`", "key columns: dotted paths, `path AS name` (string, number or boolean values); `[]`: one row per window"),
-    param(ParamId::Aggregates, "aggregates", ParamType::VarcharList, "count, sum/min/max of `value_field`", "`count(*)`, `count(x)`, `sum(x)`, `avg(x)`, `min(x)`, `max(x)`, `approx_count_distinct(x)`, `first(x)`, `last(x)`, each `AS name` optional"),
+    param(ParamId::Aggregates, "aggregates", ParamType::VarcharList, "count, sum/min/max of `value_field`", "`count(*)`, `count(x)`, `sum(x)`, `avg(x)`, `min(x)`, `max(x)`, `approx_count_distinct(x)`, `approx_quantile(x, q)`, `first(x)`, `last(x)`, `arg_max(x, y)`, `arg_min(x, y)`; `FILTER (WHERE ...)`, `AS name` optional ([more](#aggregates))"),
+    param(ParamId::Emit, "emit", ParamType::Varchar, "`close`", "`close` (a window's row once, when it closes) or `update` (also each cycle, the running value of windows that changed) ([running results](#running-results-and-late-corrections))"),
+    param(ParamId::LateUpdatesMs, "late_updates_ms", ParamType::BigInt, "none", "tumbling/hopping: a late event within this of its window's end corrects the window's row"),
     param(ParamId::KeyField, "key_field", ParamType::Varchar, "`key`", "dotted path of the key (string or number; Kafka: the message key when absent)"),
     param(ParamId::TimeField, "time_field", ParamType::Varchar, "`event_time_ms`", "dotted path of the event time (its form: `time_format`)"),
     param(ParamId::ValueField, "value_field", ParamType::Varchar, "`payload.value`", "dotted path of the number aggregated (missing or null: counted only)"),

@@ -88,6 +88,29 @@ def test_a_straight_subscribe_run_equals_a_run_in_pieces_by_several_members(tmp_
     assert_same(tables(con, ""), straight(tmp_path, env, con, mock.bootstrap, topic))
 
 
+def test_running_rows_of_partition_tasks_end_as_a_straight_close_run(tmp_path, postgres, mock):
+    """emit := 'update' with subscribe: each member's partition tasks write running rows that
+    their final rows replace (a MERGE into the lake); pieces run by two members at once end with
+    the rows of one straight `emit := 'close'` run."""
+    topic = "u" + uuid.uuid4().hex[:8]
+    mock.create_topic(topic, PARTITIONS)
+    catalog, data, con = new_lake(tmp_path, postgres)
+    env = lake_env(catalog, data)
+    args = job_args(mock.bootstrap, "updates", "u_", "emit='update'")
+    for piece in range(2):
+        send(mock.bootstrap, topic, messages(piece * 2000, 2000, seed=5))
+        bounded_runs(tmp_path, [f"u{piece}{i}" for i in range(2)], env, topic, args)
+    bounded_runs(tmp_path, ["ulast"], env, topic, args)
+    # The windows still open hold running rows; the others their final row.
+    got = tables(con, "u_")
+    final = con.execute("SELECT window_start_ms, window_end_ms, key, count, sum_value, partition "
+                        "FROM lake.u_windows WHERE final").fetchall()
+    running = con.execute("SELECT count(*), max(revision) FROM lake.u_windows WHERE NOT final").fetchone()
+    assert running[0] > 0 and running[1] >= 1, running
+    want = straight(tmp_path, env, con, mock.bootstrap, topic)
+    assert_same([sorted(final, key=repr), got[1], got[2]], want)
+
+
 def test_subscribe_needs_a_lake_and_the_group_to_assign_partitions(tmp_path, mock):
     con = lake.connect(tmp_path / "host.duckdb", EXT)
     topic = "b" + uuid.uuid4().hex[:8]

@@ -98,6 +98,37 @@ def test_a_job_in_pieces_with_restarts_equals_one_straight_run(tmp_path, catalog
 
 
 @pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_running_rows_and_withdrawn_sessions_reach_a_lake_as_a_duckdb_file(tmp_path, catalog, mode):
+    """emit := 'update' into a lake: `upsert` MERGEs the latest revision of each window and deletes
+    the rows of sessions a merge absorbed; `append` adds every revision. In pieces of 97
+    messages (a cycle each), the lake's rows equal a DuckDB file's."""
+    cat, data = catalog
+    extra = (", window_kind := 'session', emit := 'update', max_messages := 97, checkpoint_interval_ms := 600000,"
+             " aggregates := ['count(*) AS count', 'approx_quantile(payload.value, [0.5, 0.9]) AS q',"
+             " 'count(*) FILTER (WHERE payload.value > 0.5) AS high']")
+    cols = "SELECT * FROM {t}"
+    got, want = None, None
+    for target in ("lake.windows", "windows"):
+        con = lake.connect(tmp_path / "host.duckdb", EXT, cat, data)
+        sql = (f"SELECT status FROM streaming_etl_run('file:{SKEW}', 1000, 200, job := '{target}', write_mode := '{mode}', "
+               f"windows_table := '{target}'{extra})")
+        for _ in range(100):
+            if con.execute(sql).fetchall()[-1][0] == "caught_up":
+                break
+        con.execute(sql.replace("max_messages := 97", "flush := true")).fetchall()
+        out = rows(con, cols, target)
+        if target == "windows":
+            want = out
+        else:
+            got = out
+        con.close()
+    assert got == want
+    if mode == "append":
+        assert any(r[-1] for r in got), "a session merge withdrew a running row"
+    assert all(r[-3] for r in got) or mode == "append", "upsert: only final rows are left"
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
 def test_a_postgres_database_attached_directly_is_a_catalog_too(tmp_path, postgres, mode):
     con = lake.connect(tmp_path / "host.duckdb", EXT)
     con.execute(f"LOAD postgres; ATTACH '{postgres.new_database()}' AS pg (TYPE postgres)")

@@ -1,12 +1,15 @@
 //! Aggregates: what a job computes per window (`count(*)`, `count(x)`, `sum`, `avg`, `min`,
-//! `max`, `approx_count_distinct`, `first`, `last`), their partial states, how two partial
-//! states of disjoint parts of a window combine (panes of hopping windows, sessions that meet),
-//! and the checkpoint form of the states.
+//! `max`, `approx_count_distinct`, `approx_quantile`, `first`, `last`, `arg_max`, `arg_min`, each
+//! optionally with `FILTER (WHERE ...)`), their partial states, how two partial states of
+//! disjoint parts of a window combine (panes of hopping windows, sessions that meet), and the
+//! checkpoint form of the states.
 
 use crate::codec::{CodecError, Reader, Writer};
 use crate::decode::FieldPath;
+use crate::filter::Filter;
 use crate::hll::Hll;
-use crate::rows::{Cell, ColumnType};
+use crate::rows::{Cell, ColumnType, RowWriter};
+use crate::sketch::QuantileSketch;
 
 /// An aggregate function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -20,43 +23,42 @@ pub(crate) enum AggFunc {
     ApproxCountDistinct,
     First,
     Last,
+    ArgMax,
+    ArgMin,
+    ApproxQuantile,
 }
+
+/// The functions, by the name a user writes.
+const NAMES: [(&str, AggFunc); 11] = [
+    ("count", AggFunc::Count),
+    ("sum", AggFunc::Sum),
+    ("avg", AggFunc::Avg),
+    ("min", AggFunc::Min),
+    ("max", AggFunc::Max),
+    ("approx_count_distinct", AggFunc::ApproxCountDistinct),
+    ("approx_quantile", AggFunc::ApproxQuantile),
+    ("first", AggFunc::First),
+    ("last", AggFunc::Last),
+    ("arg_max", AggFunc::ArgMax),
+    ("arg_min", AggFunc::ArgMin),
+];
+
+/// The most quantiles one `approx_quantile` may ask for.
+pub(crate) const MAX_QUANTILES: usize = 32;
 
 impl AggFunc {
     fn by_name(name: &str) -> Option<AggFunc> {
-        Some(match name.to_ascii_lowercase().as_str() {
-            "count" => AggFunc::Count,
-            "sum" => AggFunc::Sum,
-            "avg" => AggFunc::Avg,
-            "min" => AggFunc::Min,
-            "max" => AggFunc::Max,
-            "approx_count_distinct" => AggFunc::ApproxCountDistinct,
-            "first" => AggFunc::First,
-            "last" => AggFunc::Last,
-            _ => return None,
-        })
+        let lower = name.to_ascii_lowercase();
+        NAMES.iter().find(|(n, _)| *n == lower).map(|&(_, f)| f)
     }
 
     pub fn name(self) -> &'static str {
         match self {
-            AggFunc::CountStar | AggFunc::Count => "count",
-            AggFunc::Sum => "sum",
-            AggFunc::Avg => "avg",
-            AggFunc::Min => "min",
-            AggFunc::Max => "max",
-            AggFunc::ApproxCountDistinct => "approx_count_distinct",
-            AggFunc::First => "first",
-            AggFunc::Last => "last",
-        }
-    }
-
-    pub(crate) fn output_type(self) -> ColumnType {
-        match self {
-            AggFunc::CountStar | AggFunc::Count | AggFunc::ApproxCountDistinct => {
-                ColumnType::BigInt
-            }
-            AggFunc::Sum | AggFunc::Avg | AggFunc::Min | AggFunc::Max => ColumnType::Double,
-            AggFunc::First | AggFunc::Last => ColumnType::Varchar,
+            AggFunc::CountStar => "count",
+            f => NAMES
+                .iter()
+                .find(|(_, g)| *g == f)
+                .map_or("count", |(n, _)| n),
         }
     }
 
@@ -64,18 +66,29 @@ impl AggFunc {
     pub(crate) fn numeric(self) -> bool {
         matches!(
             self,
-            AggFunc::Sum | AggFunc::Avg | AggFunc::Min | AggFunc::Max
+            AggFunc::Sum | AggFunc::Avg | AggFunc::Min | AggFunc::Max | AggFunc::ApproxQuantile
         )
     }
 }
 
-/// One aggregate of a job: a function, its input field (none for `count(*)`) and its column.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One aggregate of a job: a function, its input field (none for `count(*)`), its other
+/// arguments, its filter and its column.
+#[derive(Debug, Clone, PartialEq)]
 pub struct AggSpec {
     pub(crate) func: AggFunc,
     pub path: Option<FieldPath>,
+    /// `arg_max(x, y)` / `arg_min(x, y)`: y, the field whose largest or smallest value picks x.
+    pub(crate) by: Option<FieldPath>,
+    /// `approx_quantile`: the quantiles asked for, and whether as a list (a `DOUBLE[]` column).
+    pub(crate) quantiles: Box<[f64]>,
+    pub(crate) list: bool,
+    /// `FILTER (WHERE ...)`: only events that pass count in this aggregate.
+    pub(crate) filter: Option<Filter>,
     pub name: String,
 }
+
+// The floats an AggSpec holds are finite (parsing refuses others), so equality is total.
+impl Eq for AggSpec {}
 
 /// Whether `s` is a plain SQL identifier (letters, digits, `_`; not starting with a digit).
 pub(crate) fn is_identifier(s: &str) -> bool {
@@ -88,6 +101,10 @@ pub(crate) fn is_identifier(s: &str) -> bool {
 /// double-quoted name.
 pub fn split_alias(text: &str) -> Result<(&str, Option<String>), String> {
     let t = text.trim();
+    // `... FILTER (WHERE s = 'a as b')`: a closing parenthesis ends an expression without alias.
+    if t.ends_with(')') {
+        return Ok((t, None));
+    }
     let lower = t.to_ascii_lowercase();
     let Some(at) = lower.rfind(" as ") else {
         return Ok((t, None));
@@ -109,71 +126,228 @@ pub fn split_alias(text: &str) -> Result<(&str, Option<String>), String> {
     Ok((expr, Some(alias)))
 }
 
+/// The index just past the parenthesis that closes the one at `open` (brackets nest inside;
+/// quoted text is skipped).
+fn closing(text: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut quoted = false;
+    for (i, c) in text.char_indices().skip_while(|&(i, _)| i < open) {
+        match c {
+            '\'' => quoted = !quoted,
+            '(' if !quoted => depth += 1,
+            ')' if !quoted => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Splits a function's arguments at the commas outside brackets.
+fn arguments(inner: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut from) = (0usize, 0usize);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                out.push(inner[from..i].trim());
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(inner[from..].trim());
+    out
+}
+
+fn field(arg: &str) -> Result<FieldPath, String> {
+    FieldPath::parse(arg)
+        .filter(|_| !arg.contains(char::is_whitespace))
+        .ok_or_else(|| format!("'{arg}' is not a field name or dotted path such as payload.value"))
+}
+
+/// A quantile: a number from 0 to 1.
+fn quantile(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(q) if (0.0..=1.0).contains(&q) => Ok(q),
+        _ => Err(format!(
+            "the quantile '{}' must be a number from 0 to 1",
+            text.trim()
+        )),
+    }
+}
+
+/// The `FILTER (WHERE ...)` that may follow a call (`rest`: the text after its parenthesis).
+fn filter_clause(rest: &str) -> Result<Option<Filter>, String> {
+    let rest = rest.trim();
+    if rest.is_empty() {
+        return Ok(None);
+    }
+    let bad = || format!("expected FILTER (WHERE condition) after the call, found '{rest}'");
+    let lower = rest.to_ascii_lowercase();
+    let after = lower.strip_prefix("filter").ok_or_else(bad)?;
+    let at = rest.len() - after.len();
+    let clause = rest[at..].trim();
+    let inner = clause
+        .strip_prefix('(')
+        .and_then(|c| c.strip_suffix(')'))
+        .ok_or_else(bad)?
+        .trim();
+    let cond = inner
+        .get(..5)
+        .filter(|w| w.eq_ignore_ascii_case("where"))
+        .map(|_| &inner[5..])
+        .filter(|c| c.starts_with(|ch: char| ch.is_whitespace() || ch == '('))
+        .ok_or_else(|| format!("FILTER needs WHERE: FILTER (WHERE condition), found '{clause}'"))?;
+    Filter::parse(cond.trim())
+        .map(Some)
+        .map_err(|why| format!("bad FILTER condition '{}': {why}", cond.trim()))
+}
+
 impl AggSpec {
-    /// Parses `func(path) [AS alias]`, e.g. `sum(amount) AS revenue`, `count(*)`,
-    /// `approx_count_distinct(customer.id)`. The error says what is wrong.
+    fn plain(func: AggFunc, path: Option<FieldPath>, name: &str) -> AggSpec {
+        AggSpec {
+            func,
+            path,
+            by: None,
+            quantiles: Box::new([]),
+            list: false,
+            filter: None,
+            name: name.to_string(),
+        }
+    }
+
+    /// Parses `func(args) [FILTER (WHERE condition)] [AS alias]`, e.g. `sum(amount) AS revenue`,
+    /// `count(*) FILTER (WHERE status >= 500) AS errors`, `approx_quantile(ms, [0.5, 0.99])`,
+    /// `arg_max(bidder, price)`. The error says what is wrong.
     pub fn parse(text: &str) -> Result<AggSpec, String> {
         let (expr, alias) = split_alias(text)?;
-        let open = expr
-            .find('(')
-            .ok_or_else(|| "expected function(field), e.g. sum(amount)".to_string())?;
-        let inner = expr[open + 1..]
-            .strip_suffix(')')
-            .ok_or_else(|| "expected function(field), e.g. sum(amount)".to_string())?
-            .trim();
+        let expected = || "expected function(field), e.g. sum(amount)".to_string();
+        let open = expr.find('(').ok_or_else(expected)?;
+        let close = closing(expr, open).ok_or_else(expected)?;
+        let inner = expr[open + 1..close - 1].trim();
+        let filter = filter_clause(&expr[close..])?;
         let fname = expr[..open].trim();
         let func = AggFunc::by_name(fname).ok_or_else(|| {
-            format!("unknown aggregate function '{fname}' (known: count, sum, avg, min, max, approx_count_distinct, first, last)")
+            let known: Vec<&str> = NAMES.iter().map(|(n, _)| *n).collect();
+            format!(
+                "unknown aggregate function '{fname}' (known: {})",
+                known.join(", ")
+            )
         })?;
-        let (func, path) = if inner == "*" {
+        let args = arguments(inner);
+        let wanted = match func {
+            AggFunc::ArgMax | AggFunc::ArgMin => "two arguments, e.g. arg_max(bidder, price)",
+            AggFunc::ApproxQuantile => {
+                "two arguments, e.g. approx_quantile(latency_ms, 0.99) or approx_quantile(latency_ms, [0.5, 0.99])"
+            }
+            _ => "one argument",
+        };
+        let two = matches!(
+            func,
+            AggFunc::ArgMax | AggFunc::ArgMin | AggFunc::ApproxQuantile
+        );
+        if args.len() != if two { 2 } else { 1 } {
+            return Err(format!("{}() takes {wanted}", func.name()));
+        }
+        let mut spec = if inner == "*" {
             if func != AggFunc::Count {
                 return Err(format!(
                     "{}(*) is not an aggregate; only count(*)",
                     func.name()
                 ));
             }
-            (AggFunc::CountStar, None)
+            AggSpec::plain(AggFunc::CountStar, None, "count")
         } else {
-            let path = FieldPath::parse(inner)
-                .filter(|_| !inner.contains(char::is_whitespace))
-                .ok_or_else(|| {
-                    format!("'{inner}' is not a field name or dotted path such as payload.value")
-                })?;
-            (func, Some(path))
+            let path = field(args[0])?;
+            let name = format!("{}_{}", func.name(), path.last_segment());
+            AggSpec::plain(func, Some(path), &name)
         };
-        let name = alias.unwrap_or_else(|| match &path {
-            None => "count".to_string(),
-            Some(p) => format!("{}_{}", func.name(), p.last_segment()),
-        });
-        Ok(AggSpec { func, path, name })
+        match func {
+            AggFunc::ArgMax | AggFunc::ArgMin => spec.by = Some(field(args[1])?),
+            AggFunc::ApproxQuantile => {
+                let q = args[1];
+                if let Some(items) = q.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                    let qs = items
+                        .split(',')
+                        .map(quantile)
+                        .collect::<Result<Vec<f64>, String>>()?;
+                    if qs.len() > MAX_QUANTILES {
+                        return Err(format!("at most {MAX_QUANTILES} quantiles"));
+                    }
+                    spec.quantiles = qs.into();
+                    spec.list = true;
+                } else {
+                    spec.quantiles = Box::new([quantile(q)?]);
+                }
+            }
+            _ => {}
+        }
+        spec.filter = filter;
+        if let Some(a) = alias {
+            spec.name = a;
+        }
+        Ok(spec)
     }
 
     /// The aggregates of a job that names none: count of every message, and the sum, minimum
     /// and maximum of `value` (SPEC section 5's columns).
     pub fn defaults(value: &FieldPath) -> Vec<AggSpec> {
-        let named = |func, name: &str| AggSpec {
-            func,
-            path: Some(value.clone()),
-            name: name.to_string(),
-        };
+        let named = |func, name: &str| AggSpec::plain(func, Some(value.clone()), name);
         vec![
-            AggSpec {
-                func: AggFunc::CountStar,
-                path: None,
-                name: "count".into(),
-            },
+            AggSpec::plain(AggFunc::CountStar, None, "count"),
             named(AggFunc::Sum, "sum_value"),
             named(AggFunc::Min, "min_value"),
             named(AggFunc::Max, "max_value"),
         ]
     }
 
+    /// The column's type.
+    pub(crate) fn output_type(&self) -> ColumnType {
+        match self.func {
+            AggFunc::CountStar | AggFunc::Count | AggFunc::ApproxCountDistinct => {
+                ColumnType::BigInt
+            }
+            AggFunc::ApproxQuantile if self.list => ColumnType::DoubleList,
+            AggFunc::Sum | AggFunc::Avg | AggFunc::Min | AggFunc::Max | AggFunc::ApproxQuantile => {
+                ColumnType::Double
+            }
+            AggFunc::First | AggFunc::Last | AggFunc::ArgMax | AggFunc::ArgMin => {
+                ColumnType::Varchar
+            }
+        }
+    }
+
     /// The expression as the checkpoint's settings keep it.
     pub fn shown(&self) -> String {
-        match &self.path {
-            None => format!("count(*) AS {}", self.name),
-            Some(p) => format!("{}({}) AS {}", self.func.name(), p.as_str(), self.name),
-        }
+        let args = match (&self.path, self.func) {
+            (None, _) => "*".to_string(),
+            (Some(p), AggFunc::ArgMax | AggFunc::ArgMin) => format!(
+                "{}, {}",
+                p.as_str(),
+                self.by.as_ref().map_or("", |b| b.as_str())
+            ),
+            (Some(p), AggFunc::ApproxQuantile) => {
+                let qs: Vec<String> = self.quantiles.iter().map(|q| q.to_string()).collect();
+                if self.list {
+                    format!("{}, [{}]", p.as_str(), qs.join(", "))
+                } else {
+                    format!("{}, {}", p.as_str(), qs.join(", "))
+                }
+            }
+            (Some(p), _) => p.as_str().to_string(),
+        };
+        let filter = self
+            .filter
+            .as_ref()
+            .map_or(String::new(), |f| format!(" FILTER (WHERE {})", f.shown()));
+        format!("{}({args}){filter} AS {}", self.func.name(), self.name)
     }
 }
 
@@ -186,6 +360,8 @@ pub(crate) enum Input<'a> {
     /// The value's text (first/last) or its hash (approx_count_distinct).
     Text(&'a str),
     Hash(u64),
+    /// arg_max/arg_min: the value of y and the text of x.
+    Arg(f64, &'a str),
     /// Present (count(x)).
     Present,
 }
@@ -244,6 +420,42 @@ pub(crate) struct Stamped {
     pub text: String,
 }
 
+/// The x of arg_max/arg_min with the y that picked it and its event time (ties in y go to the
+/// earliest event time, then to the first read: panes and sessions merge in event-time order).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ArgBest {
+    pub by: f64,
+    pub t: i64,
+    pub text: String,
+}
+
+/// Whether `(by, t)` beats the held best for arg_max (`max`) or arg_min.
+#[inline]
+fn beats(held: Option<&ArgBest>, by: f64, t: i64, max: bool) -> bool {
+    held.is_none_or(|b| {
+        let better = if max { by > b.by } else { by < b.by };
+        better || (by == b.by && t < b.t)
+    })
+}
+
+fn set_best(slot: &mut Option<Box<ArgBest>>, by: f64, t: i64, text: &str) {
+    match slot {
+        Some(b) => {
+            b.by = by;
+            b.t = t;
+            b.text.clear();
+            b.text.push_str(text);
+        }
+        None => {
+            *slot = Some(Box::new(ArgBest {
+                by,
+                t,
+                text: text.to_string(),
+            }))
+        }
+    }
+}
+
 /// The partial state of one aggregate in one window (or pane, or session).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum AggState {
@@ -255,6 +467,9 @@ pub(crate) enum AggState {
     Distinct(Box<Hll>),
     First(Option<Box<Stamped>>),
     Last(Option<Box<Stamped>>),
+    ArgMax(Option<Box<ArgBest>>),
+    ArgMin(Option<Box<ArgBest>>),
+    Quantile(Box<QuantileSketch>),
 }
 
 impl AggState {
@@ -268,6 +483,9 @@ impl AggState {
             AggFunc::ApproxCountDistinct => AggState::Distinct(Box::default()),
             AggFunc::First => AggState::First(None),
             AggFunc::Last => AggState::Last(None),
+            AggFunc::ArgMax => AggState::ArgMax(None),
+            AggFunc::ArgMin => AggState::ArgMin(None),
+            AggFunc::ApproxQuantile => AggState::Quantile(Box::default()),
         }
     }
 
@@ -288,6 +506,13 @@ impl AggState {
             (AggState::Last(l), Input::Text(s)) if l.as_ref().is_none_or(|c| t >= c.t) => {
                 set_stamped(l, t, s)
             }
+            (AggState::ArgMax(b), Input::Arg(by, x)) if beats(b.as_deref(), by, t, true) => {
+                set_best(b, by, t, x)
+            }
+            (AggState::ArgMin(b), Input::Arg(by, x)) if beats(b.as_deref(), by, t, false) => {
+                set_best(b, by, t, x)
+            }
+            (AggState::Quantile(q), Input::Num(v)) => q.add(v),
             _ => {}
         }
     }
@@ -313,11 +538,53 @@ impl AggState {
             {
                 *a = Some(b.clone())
             }
+            (AggState::ArgMax(a), AggState::ArgMax(Some(b)))
+                if beats(a.as_deref(), b.by, b.t, true) =>
+            {
+                *a = Some(b.clone())
+            }
+            (AggState::ArgMin(a), AggState::ArgMin(Some(b)))
+                if beats(a.as_deref(), b.by, b.t, false) =>
+            {
+                *a = Some(b.clone())
+            }
+            (AggState::Quantile(a), AggState::Quantile(b)) => a.merge(b),
             _ => {}
         }
     }
 
-    /// The aggregate's value for the output row (NULL where SQL's aggregate would be).
+    /// Writes the aggregate's value into the output row (NULL where SQL's aggregate would be).
+    pub(crate) fn write(&self, spec: &AggSpec, row: &mut RowWriter<'_>) {
+        match self {
+            AggState::Quantile(q) if spec.list => {
+                if q.count() == 0 {
+                    row.cell(Cell::Null);
+                    return;
+                }
+                let mut text = String::with_capacity(2 + 24 * spec.quantiles.len());
+                text.push('[');
+                for (i, &p) in spec.quantiles.iter().enumerate() {
+                    if i > 0 {
+                        text.push_str(", ");
+                    }
+                    let v = q.quantile(p).unwrap_or(f64::NAN);
+                    text.push_str(&v.to_string());
+                }
+                text.push(']');
+                row.str(&text);
+            }
+            AggState::Quantile(q) => {
+                let p = spec.quantiles.first().copied().unwrap_or(0.5);
+                row.cell(q.quantile(p).map_or(Cell::Null, Cell::F64));
+            }
+            _ => {
+                row.cell(self.cell());
+            }
+        }
+    }
+
+    /// The aggregate's value for the output row (NULL where SQL's aggregate would be); a
+    /// quantile's needs its spec ([`AggState::write`]).
     pub(crate) fn cell(&self) -> Cell<'_> {
         match self {
             AggState::Count(n) => Cell::I64(*n),
@@ -330,6 +597,10 @@ impl AggState {
             AggState::First(f) | AggState::Last(f) => {
                 f.as_ref().map_or(Cell::Null, |s| Cell::Str(&s.text))
             }
+            AggState::ArgMax(b) | AggState::ArgMin(b) => {
+                b.as_ref().map_or(Cell::Null, |s| Cell::Str(&s.text))
+            }
+            AggState::Quantile(q) => q.quantile(0.5).map_or(Cell::Null, Cell::F64),
         }
     }
 
@@ -349,6 +620,15 @@ impl AggState {
         let stamped = |w: &mut Writer<'_>, s: &Option<Box<Stamped>>| match s {
             Some(s) => {
                 w.u8(1);
+                w.i64(s.t);
+                w.bytes(s.text.as_bytes());
+            }
+            None => w.u8(0),
+        };
+        let best = |w: &mut Writer<'_>, s: &Option<Box<ArgBest>>| match s {
+            Some(s) => {
+                w.u8(1);
+                w.f64(s.by);
                 w.i64(s.t);
                 w.bytes(s.text.as_bytes());
             }
@@ -387,6 +667,18 @@ impl AggState {
                 w.u8(8);
                 stamped(w, s);
             }
+            AggState::ArgMax(b) => {
+                w.u8(9);
+                best(w, b);
+            }
+            AggState::ArgMin(b) => {
+                w.u8(10);
+                best(w, b);
+            }
+            AggState::Quantile(q) => {
+                w.u8(11);
+                q.encode(w);
+            }
         }
     }
 
@@ -413,6 +705,16 @@ impl AggState {
                 })),
             })
         };
+        let best = |r: &mut Reader<'_>| -> Result<Option<Box<ArgBest>>, CodecError> {
+            Ok(match r.u8()? {
+                0 => None,
+                _ => Some(Box::new(ArgBest {
+                    by: r.f64()?,
+                    t: r.i64()?,
+                    text: r.string()?,
+                })),
+            })
+        };
         Ok(match r.u8()? {
             1 => AggState::Count(r.i64()?),
             2 => AggState::Sum(sum(r)?),
@@ -422,6 +724,9 @@ impl AggState {
             6 => AggState::Distinct(Box::new(Hll::decode(r)?)),
             7 => AggState::First(stamped(r)?),
             8 => AggState::Last(stamped(r)?),
+            9 => AggState::ArgMax(best(r)?),
+            10 => AggState::ArgMin(best(r)?),
+            11 => AggState::Quantile(Box::new(QuantileSketch::decode(r)?)),
             _ => return Err(CodecError("unknown aggregate state")),
         })
     }
@@ -438,6 +743,9 @@ impl AggState {
                 | (AggState::Distinct(_), AggFunc::ApproxCountDistinct)
                 | (AggState::First(_), AggFunc::First)
                 | (AggState::Last(_), AggFunc::Last)
+                | (AggState::ArgMax(_), AggFunc::ArgMax)
+                | (AggState::ArgMin(_), AggFunc::ArgMin)
+                | (AggState::Quantile(_), AggFunc::ApproxQuantile)
         )
     }
 }
@@ -570,6 +878,9 @@ mod tests {
             "approx_count_distinct(x)",
             "first(x)",
             "last(x)",
+            "arg_max(x, y)",
+            "arg_min(x, y)",
+            "approx_quantile(x, [0.5, 0.9])",
         ]
         .iter()
         .map(|s| AggSpec::parse(s).unwrap())
@@ -579,6 +890,7 @@ mod tests {
             let input = match specs[i].func {
                 AggFunc::ApproxCountDistinct => Input::Hash(42),
                 AggFunc::First | AggFunc::Last => Input::Text("t"),
+                AggFunc::ArgMax | AggFunc::ArgMin => Input::Arg(3.0, "t"),
                 AggFunc::Count | AggFunc::CountStar => Input::Present,
                 _ => Input::Num(2.5),
             };
@@ -591,5 +903,60 @@ mod tests {
         let mut other = specs.clone();
         other.swap(0, 2);
         assert!(decode_states(&other, &mut Reader { b: &buf, i: 0 }).is_err());
+    }
+
+    #[test]
+    fn quantiles_arg_max_and_filters_parse_and_show_canonically() {
+        let p = |s: &str| AggSpec::parse(s).unwrap();
+        let q = p("approx_quantile(latency_ms, 0.99) AS p99");
+        assert_eq!(
+            (q.output_type(), &q.quantiles[..]),
+            (ColumnType::Double, &[0.99][..])
+        );
+        let qs = p("APPROX_QUANTILE( ms , [0.5,0.9, 1] )");
+        assert_eq!(qs.output_type(), ColumnType::DoubleList);
+        assert_eq!(
+            qs.shown(),
+            "approx_quantile(ms, [0.5, 0.9, 1]) AS approx_quantile_ms"
+        );
+        let a = p("arg_max(bidder.name, price) AS top");
+        assert_eq!(a.shown(), "arg_max(bidder.name, price) AS top");
+        let f = p("count(*) filter ( where status >= 500 and (region = 'a as b' or x is null) ) AS errors");
+        assert_eq!(f.name, "errors");
+        assert_eq!(
+            f.shown(),
+            "count(*) FILTER (WHERE status >= 500 AND (region = 'a as b' OR x IS NULL)) AS errors"
+        );
+        assert_eq!(
+            p(&f.shown()),
+            f,
+            "the shown form parses back to the same aggregate"
+        );
+        assert_eq!(p("sum(x) FILTER (WHERE ok = true)").name, "sum_x");
+        let e = |s: &str| AggSpec::parse(s).unwrap_err();
+        assert!(e("approx_quantile(x, 1.5)").contains("'1.5' must be a number from 0 to 1"));
+        assert!(e("approx_quantile(x)").contains("takes two arguments"));
+        assert!(e("arg_max(x)").contains("takes two arguments"));
+        assert!(e("sum(x, y)").contains("takes one argument"));
+        assert!(e("count(*) FILTER (x > 1)").contains("FILTER needs WHERE"));
+        assert!(e("count(*) WHERE x > 1").contains("expected FILTER (WHERE condition)"));
+        assert!(e("count(*) FILTER (WHERE x >> 1)").starts_with("bad FILTER condition 'x >> 1'"));
+    }
+
+    #[test]
+    fn arg_max_keeps_the_earliest_of_equal_values_also_across_merges() {
+        let mut a = AggState::new(AggFunc::ArgMax);
+        let mut b = AggState::new(AggFunc::ArgMax);
+        a.add(5, Input::Arg(2.0, "first"));
+        a.add(6, Input::Arg(2.0, "second, same value"));
+        a.add(3, Input::Arg(1.0, "smaller"));
+        b.add(9, Input::Arg(2.0, "later pane, same value"));
+        a.merge(&b);
+        assert_eq!(a.cell(), Cell::Str("first"));
+        let mut m = AggState::new(AggFunc::ArgMin);
+        m.add(1, Input::Arg(-1.0, "lo"));
+        m.add(2, Input::Arg(7.0, "hi"));
+        m.add(0, Input::Skip);
+        assert_eq!(m.cell(), Cell::Str("lo"));
     }
 }

@@ -13,6 +13,7 @@ pub(crate) enum OwnedInput {
     Num(f64),
     Text(usize, usize),
     Hash(u64),
+    Arg(f64, usize, usize),
     Present,
 }
 
@@ -142,6 +143,10 @@ impl Chunk {
                     Input::Text(std::str::from_utf8(&self.texts[a..b]).unwrap_or_default())
                 }
                 OwnedInput::Hash(h) => Input::Hash(h),
+                OwnedInput::Arg(by, a, b) => Input::Arg(
+                    by,
+                    std::str::from_utf8(&self.texts[a..b]).unwrap_or_default(),
+                ),
                 OwnedInput::Present => Input::Present,
             };
         }

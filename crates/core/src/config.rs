@@ -13,6 +13,28 @@ use crate::time::{TimeFormat, Zone};
 /// The key field of the default job (`key_field`'s default).
 pub const DEFAULT_KEY_FIELD: &str = "key";
 
+/// `emit`: when a window's row is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Emit {
+    /// Once, when the watermark closes the window.
+    #[default]
+    Close,
+    /// Each cycle for the windows that changed in it, and once more when it closes.
+    Update,
+}
+
+impl Emit {
+    pub fn name(self) -> &'static str {
+        match self {
+            Emit::Close => "close",
+            Emit::Update => "update",
+        }
+    }
+}
+
+/// The columns a row with revisions ends with, after the aggregates.
+pub(crate) const REVISION_COLUMNS: [&str; 3] = ["final", "revision", "retracted"];
+
 /// The most aggregates a job may have (their inputs live on the stack while an event is read).
 pub const MAX_AGGREGATES: usize = 32;
 
@@ -72,6 +94,10 @@ pub struct EngineConfig {
     pub format: Format,
     /// Where Avro and Protobuf schemas are found by id (filled by the source's adapter).
     pub schemas: Schemas,
+    /// When window rows are written (`emit`).
+    pub emit: Emit,
+    /// How long past its end a closed window still takes late events (`late_updates_ms`).
+    pub late_updates_ms: Option<i64>,
 }
 
 impl EngineConfig {
@@ -100,7 +126,15 @@ impl EngineConfig {
             value_field: value_field.clone(),
             format: Format::Json,
             schemas: Schemas::default(),
+            emit: Emit::Close,
+            late_updates_ms: None,
         }
+    }
+
+    /// Whether window rows carry `final`, `revision` and `retracted` (a window's row can be
+    /// written more than once).
+    pub fn revisions(&self) -> bool {
+        self.emit == Emit::Update || self.late_updates_ms.is_some()
     }
 
     /// The windows table: window bounds, the key columns, the aggregates; keyed by the key
@@ -118,8 +152,12 @@ impl EngineConfig {
         cols.extend(
             self.aggregates
                 .iter()
-                .map(|a| (a.name.as_str(), a.func.output_type())),
+                .map(|a| (a.name.as_str(), a.output_type())),
         );
+        if self.revisions() {
+            let types = [ColumnType::Boolean, ColumnType::BigInt, ColumnType::Boolean];
+            cols.extend(REVISION_COLUMNS.into_iter().zip(types));
+        }
         let mut key: Vec<&str> = self.keys.iter().map(|k| k.name.as_str()).collect();
         key.push("window_start_ms");
         TableSchema::new(&cols, &key)
@@ -127,7 +165,14 @@ impl EngineConfig {
 
     /// The output tables of a job with these settings.
     pub fn schemas(&self) -> OutputSchemas {
-        OutputSchemas::for_windows(self.windows_schema())
+        let mut schemas = OutputSchemas::for_windows(self.windows_schema());
+        if self.late_updates_ms.is_some() {
+            schemas.late.columns.push(crate::rows::Column {
+                name: "applied".into(),
+                ty: ColumnType::Boolean,
+            });
+        }
+        schemas
     }
 
     /// The settings a checkpoint of this job must agree with: the source as given and the
@@ -173,6 +218,12 @@ impl EngineConfig {
                     extra.insert("message".into(), format!("'{m}'"));
                 }
             }
+        }
+        if self.emit != Emit::Close {
+            extra.insert("emit".into(), format!("'{}'", self.emit.name()));
+        }
+        if let Some(n) = self.late_updates_ms {
+            extra.insert("late_updates_ms".into(), n.to_string());
         }
         if self.kafka_timestamp {
             extra.insert("kafka_timestamp".into(), "true".into());

@@ -4,9 +4,9 @@
 //! DuckDB, Kafka or SQLite; those are adapters in the other crates of the workspace.
 //!
 //! The modules stack without a loop, each using only those above it:
-//! `codec`, `error`, `tables`, `time`, `decode`, `rows`, `hll` → `format`, `state`, `aggregate` →
-//! `config` → `record`, `chunk`, `window`, `session`, `watermark`, `source` → `engine` →
-//! `prefetch` → `pipeline`. They are private; what the other crates use is re-exported here.
+//! `codec`, `error`, `tables`, `time`, `decode`, `rows`, `hll`, `sketch`, `filter` → `format`,
+//! `state`, `aggregate` → `config` → `record`, `chunk` → `emit` → `window`, `session`,
+//! `watermark`, `source` → `engine` → `prefetch` → `pipeline`. They are private; what the other crates use is re-exported here.
 #![forbid(unsafe_code)]
 
 mod aggregate;
@@ -14,8 +14,10 @@ mod chunk;
 mod codec;
 mod config;
 mod decode;
+mod emit;
 mod engine;
 mod error;
+mod filter;
 mod format;
 mod hll;
 mod pipeline;
@@ -23,6 +25,7 @@ mod prefetch;
 mod record;
 mod rows;
 mod session;
+mod sketch;
 mod source;
 mod state;
 mod tables;
@@ -33,7 +36,8 @@ mod window;
 pub use aggregate::{split_alias, AggSpec};
 pub use codec::CodecError;
 pub use config::{
-    EngineConfig, JobSettings, KeyColumn, TimeSpec, WindowKind, DEFAULT_KEY_FIELD, MAX_AGGREGATES,
+    Emit, EngineConfig, JobSettings, KeyColumn, TimeSpec, WindowKind, DEFAULT_KEY_FIELD,
+    MAX_AGGREGATES,
 };
 pub use decode::{DecodeError, Decoder, Field, FieldPath, Fields, Kind};
 pub use engine::{Counters, Engine, PartitionProgress, Restored};

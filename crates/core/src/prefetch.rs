@@ -80,6 +80,11 @@ impl ChunkParser {
                                         OwnedInput::Text(start, c.texts.len())
                                     }
                                     Input::Hash(h) => OwnedInput::Hash(h),
+                                    Input::Arg(by, s) => {
+                                        let start = c.texts.len();
+                                        c.texts.extend_from_slice(s.as_bytes());
+                                        OwnedInput::Arg(by, start, c.texts.len())
+                                    }
                                     Input::Present => OwnedInput::Present,
                                 });
                             }

@@ -7,6 +7,7 @@
 use crate::aggregate::{AggFunc, Input};
 use crate::config::EngineConfig;
 use crate::decode::{parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind};
+use crate::filter::Filter;
 use crate::format::{Format, RecordDecoder, Schemas};
 use crate::hll::hash64;
 use crate::time::{
@@ -66,22 +67,35 @@ pub(crate) struct FieldPlan {
     /// The default single key, which falls back to the Kafka message key when absent and is
     /// a string or a number (never a boolean), as in version 0.1.
     default_key: bool,
-    /// Per aggregate: its function, input path (None for count(*)), and an earlier aggregate
-    /// that reads the same path the same way (its input is copied, not read again: sum, min and
-    /// max of one field parse the number once).
-    inputs: Vec<(AggFunc, Option<usize>, Option<usize>)>,
+    /// Per aggregate, how its input is read.
+    inputs: Vec<AggInput>,
     /// How messages are encoded, and the schemas of binary ones.
     encoding: Format,
     schemas: Schemas,
 }
 
+/// How one aggregate reads its input.
+#[derive(Debug, Clone)]
+struct AggInput {
+    func: AggFunc,
+    /// The input path (None for count(*)).
+    path: Option<usize>,
+    /// An earlier aggregate that reads the same path the same way, unfiltered: its input is
+    /// copied, not read again (sum, min and max of one field parse the number once).
+    same: Option<usize>,
+    /// arg_max/arg_min: the path of the value compared.
+    by: Option<usize>,
+    filter: Option<Filter>,
+}
+
 /// How an aggregate reads its input (aggregates that read a path the same way share it).
 fn input_class(f: AggFunc) -> u8 {
     match f {
-        AggFunc::Sum | AggFunc::Avg | AggFunc::Min | AggFunc::Max => 0,
+        AggFunc::Sum | AggFunc::Avg | AggFunc::Min | AggFunc::Max | AggFunc::ApproxQuantile => 0,
         AggFunc::ApproxCountDistinct => 1,
         AggFunc::First | AggFunc::Last => 2,
         AggFunc::Count | AggFunc::CountStar => 3,
+        AggFunc::ArgMax | AggFunc::ArgMin => 4,
     }
 }
 
@@ -97,15 +111,30 @@ impl FieldPlan {
         };
         let time = (!cfg.kafka_timestamp).then(|| index(&cfg.time_field));
         let keys = cfg.keys.iter().map(|k| index(&k.path)).collect();
-        let mut inputs: Vec<(AggFunc, Option<usize>, Option<usize>)> = Vec::new();
+        let mut inputs: Vec<AggInput> = Vec::new();
         for a in &cfg.aggregates {
             let path = a.path.as_ref().map(&mut index);
-            let same = path.and_then(|p| {
-                inputs
-                    .iter()
-                    .position(|&(f, q, _)| q == Some(p) && input_class(f) == input_class(a.func))
+            let by = a.by.as_ref().map(&mut index);
+            let filter = a.filter.clone().map(|mut f| {
+                f.bind(&mut index);
+                f
             });
-            inputs.push((a.func, path, same));
+            let plain = filter.is_none() && by.is_none();
+            let same = path.filter(|_| plain).and_then(|p| {
+                inputs.iter().position(|b| {
+                    b.path == Some(p)
+                        && b.filter.is_none()
+                        && b.by.is_none()
+                        && input_class(b.func) == input_class(a.func)
+                })
+            });
+            inputs.push(AggInput {
+                func: a.func,
+                path,
+                same,
+                by,
+                filter,
+            });
         }
         FieldPlan {
             paths,
@@ -137,11 +166,19 @@ impl FieldPlan {
     fn numeric_only(&self) -> u64 {
         let mut numeric = 0u64;
         let mut other = 0u64;
-        for &(func, path, _) in &self.inputs {
-            if let Some(i) = path.filter(|&i| i < 64) {
-                if func.numeric() {
+        for a in &self.inputs {
+            if let Some(i) = a.path.filter(|&i| i < 64) {
+                if a.func.numeric() {
                     numeric |= 1 << i;
                 } else {
+                    other |= 1 << i;
+                }
+            }
+            if let Some(i) = a.by.filter(|&i| i < 64) {
+                numeric |= 1 << i;
+            }
+            for p in a.filter.iter().flat_map(|f| f.paths()) {
+                if let Some(i) = self.paths.iter().position(|q| *q == p).filter(|&i| i < 64) {
                     other |= 1 << i;
                 }
             }
@@ -306,12 +343,19 @@ impl FieldPlan {
     #[inline]
     pub(crate) fn inputs<'a>(&self, f: &Fields<'a>, out: &mut [Input<'a>]) -> Result<(), Reject> {
         for k in 0..self.inputs.len().min(out.len()) {
-            let (func, path, same) = self.inputs[k];
-            let Some(i) = path else {
+            let a = &self.inputs[k];
+            if let Some(filter) = &a.filter {
+                // An event the filter leaves out is not read for this aggregate at all.
+                if !filter.passes(f, self.numeric_strings) {
+                    out[k] = Input::Skip;
+                    continue;
+                }
+            }
+            let Some(i) = a.path else {
                 out[k] = Input::Present;
                 continue;
             };
-            if let Some(j) = same {
+            if let Some(j) = a.same {
                 out[k] = out[j];
                 continue;
             }
@@ -319,7 +363,23 @@ impl FieldPlan {
             if v.duplicate {
                 return Err(Reject::Duplicate(Role::Value, i));
             }
-            out[k] = input(func, i, &v, self.numeric_strings)?;
+            out[k] = match a.by {
+                None => input(a.func, i, &v, self.numeric_strings)?,
+                Some(b) => {
+                    let y = f.get(b);
+                    if y.duplicate {
+                        return Err(Reject::Duplicate(Role::Value, b));
+                    }
+                    // Rows where x or y is NULL are skipped, as DuckDB's arg_max skips them.
+                    match (
+                        input(AggFunc::First, i, &v, false)?,
+                        input(AggFunc::Max, b, &y, self.numeric_strings)?,
+                    ) {
+                        (Input::Text(x), Input::Num(by)) => Input::Arg(by, x),
+                        _ => Input::Skip,
+                    }
+                }
+            };
         }
         Ok(())
     }

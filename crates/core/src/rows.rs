@@ -16,6 +16,8 @@ pub enum ColumnType {
     Double,
     Varchar,
     Blob,
+    /// `DOUBLE[]`, carried as its text (`[0.5, 2.0]`); the table's column casts it on insert.
+    DoubleList,
 }
 
 impl ColumnType {
@@ -28,6 +30,7 @@ impl ColumnType {
             ColumnType::Double => "DOUBLE",
             ColumnType::Varchar => "VARCHAR",
             ColumnType::Blob => "BLOB",
+            ColumnType::DoubleList => "DOUBLE[]",
         }
     }
 
@@ -39,6 +42,7 @@ impl ColumnType {
             ColumnType::Double => 4,
             ColumnType::Varchar => 5,
             ColumnType::Blob => 6,
+            ColumnType::DoubleList => 7,
         }
     }
 
@@ -50,6 +54,7 @@ impl ColumnType {
             4 => ColumnType::Double,
             5 => ColumnType::Varchar,
             6 => ColumnType::Blob,
+            7 => ColumnType::DoubleList,
             _ => return None,
         })
     }
@@ -158,7 +163,7 @@ impl Cell<'_> {
                 | (Cell::I32(_), ColumnType::Integer)
                 | (Cell::I64(_), ColumnType::BigInt)
                 | (Cell::F64(_), ColumnType::Double)
-                | (Cell::Str(_), ColumnType::Varchar)
+                | (Cell::Str(_), ColumnType::Varchar | ColumnType::DoubleList)
                 | (Cell::Bytes(_), ColumnType::Blob)
         )
     }
@@ -510,7 +515,7 @@ fn read_cell<'a>(r: &mut Reader<'a>, ty: ColumnType) -> Result<Cell<'a>, CodecEr
             }
             ColumnType::BigInt => Cell::I64(r.u64()? as i64),
             ColumnType::Double => Cell::F64(f64::from_bits(r.u64()?)),
-            ColumnType::Varchar => {
+            ColumnType::Varchar | ColumnType::DoubleList => {
                 let n = r.u32()? as usize;
                 let s = r.take(n)?;
                 Cell::Str(std::str::from_utf8(s).map_err(|_| CodecError("invalid text"))?)

@@ -15,13 +15,25 @@ use crate::aggregate::{
     decode_states, encode_states, merge_states, new_states, AggSpec, Input, States,
 };
 use crate::codec::{CodecError, Reader, Writer};
+use crate::emit::{Shape, Tail};
 use crate::rows::Rows;
-use crate::window::{write_window, FxHasher};
+use crate::window::FxHasher;
+
+/// The last running row written for a session (`emit := 'update'`): its bounds and revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Emitted {
+    start: i64,
+    end: i64,
+    revision: i64,
+}
 
 struct Session {
     start: i64,
     last: i64,
     states: States,
+    /// Changed since its running row was last written.
+    dirty: bool,
+    emitted: Option<Emitted>,
 }
 
 #[derive(Default)]
@@ -30,11 +42,19 @@ struct KeySessions {
     open: Vec<Session>,
     /// The end of the last session written for this key.
     written_end: Option<i64>,
+    /// In the store's list of keys with changed sessions.
+    listed: bool,
 }
 
 pub(crate) struct SessionStore {
     gap_ms: i64,
-    nkeys: usize,
+    shape: Shape,
+    /// `emit := 'update'`: each cycle writes the running rows of the sessions it changed.
+    running: bool,
+    /// Key slots with changed sessions.
+    dirty: Vec<usize>,
+    /// Running rows of absorbed sessions, to be withdrawn.
+    retractions: Vec<(Box<[u8]>, Emitted)>,
     keys: Vec<(Box<[u8]>, KeySessions)>,
     index: HashMap<Box<[u8]>, usize, BuildHasherDefault<FxHasher>>,
     free: Vec<usize>,
@@ -46,10 +66,13 @@ pub(crate) struct SessionStore {
 }
 
 impl SessionStore {
-    pub fn new(gap_ms: i64, nkeys: usize) -> SessionStore {
+    pub fn new(gap_ms: i64, shape: Shape) -> SessionStore {
         SessionStore {
             gap_ms,
-            nkeys,
+            shape,
+            running: false,
+            dirty: Vec::new(),
+            retractions: Vec::new(),
             keys: Vec::new(),
             index: HashMap::default(),
             free: Vec::new(),
@@ -57,6 +80,12 @@ impl SessionStore {
             expiry: BTreeSet::new(),
             open: 0,
         }
+    }
+
+    /// Writes running rows (`emit := 'update'`).
+    pub fn tracking(mut self, running: bool) -> SessionStore {
+        self.running = running;
+        self
     }
 
     pub fn open_windows(&self) -> usize {
@@ -134,6 +163,11 @@ impl SessionStore {
                 Some(m) => {
                     merge_states(&mut m.states, &s.states);
                     m.last = m.last.max(s.last);
+                    // The absorbed session's running row is withdrawn; the merged session
+                    // goes on as the first one (its row, unless its start moved).
+                    if let Some(e) = s.emitted {
+                        self.retractions.push((key.into(), e));
+                    }
                 }
             }
         }
@@ -141,12 +175,23 @@ impl SessionStore {
             start,
             last,
             states: new_states(aggs),
+            dirty: false,
+            emitted: None,
         });
         session.start = start;
         session.last = last;
         for (s, input) in session.states.iter_mut().zip(inputs) {
             s.add(t, *input);
         }
+        if self.running {
+            session.dirty = true;
+            let k = &mut self.keys[slot].1;
+            if !k.listed {
+                k.listed = true;
+                self.dirty.push(slot);
+            }
+        }
+        let open = &mut self.keys[slot].1.open;
         self.by_end.insert((end, slot, start));
         open.insert(range.start, session);
         self.open += 1;
@@ -188,11 +233,49 @@ impl SessionStore {
         };
         let s = k.open.remove(pos);
         self.open -= 1;
-        write_window(out, s.start, end, key, self.nkeys, &s.states);
+        let revision = next_revision(&self.shape, out, key, &s);
+        self.shape
+            .write_final(out, s.start, end, key, &s.states, revision);
         k.written_end = Some(k.written_end.map_or(end, |w| w.max(end)));
         if k.open.is_empty() {
             self.expiry.insert((end.saturating_add(self.gap_ms), slot));
         }
+    }
+
+    /// Writes the running row of every open session that changed since the last call, and
+    /// withdraws the rows of sessions absorbed since. Returns the rows written.
+    pub(crate) fn emit_updates(&mut self, out: &mut Rows) -> usize {
+        let mut written = 0;
+        let gap = self.gap_ms;
+        for slot in std::mem::take(&mut self.dirty) {
+            let Some((key, k)) = self.keys.get_mut(slot) else {
+                continue;
+            };
+            k.listed = false;
+            for s in k.open.iter_mut().filter(|s| s.dirty) {
+                s.dirty = false;
+                let end = s.last.saturating_add(gap);
+                let revision = next_revision(&self.shape, out, key, s);
+                let tail = Tail {
+                    closed: false,
+                    revision,
+                    retracted: false,
+                };
+                self.shape
+                    .write(out, s.start, end, key, Some(&s.states), tail);
+                s.emitted = Some(Emitted {
+                    start: s.start,
+                    end,
+                    revision,
+                });
+                written += 1;
+            }
+        }
+        for (key, e) in std::mem::take(&mut self.retractions) {
+            retract(&self.shape, out, &key, e);
+            written += 1;
+        }
+        written
     }
 
     /// Writes every open session (end of bounded input); returns the latest end written.
@@ -228,17 +311,30 @@ impl SessionStore {
                 w.i64(s.start);
                 w.i64(s.last);
                 encode_states(&s.states, w);
+                if self.running {
+                    match s.emitted {
+                        Some(e) => {
+                            w.u8(1);
+                            w.i64(e.start);
+                            w.i64(e.end);
+                            w.i64(e.revision);
+                        }
+                        None => w.u8(0),
+                    }
+                }
             }
         }
     }
 
+    /// Restores a store encoded by [`SessionStore::encode`] into `store` (a new one, tracking
+    /// as the job does).
     pub(crate) fn decode(
-        gap_ms: i64,
-        nkeys: usize,
+        store: SessionStore,
         aggs: &[AggSpec],
         r: &mut Reader<'_>,
     ) -> Result<SessionStore, CodecError> {
-        let mut store = SessionStore::new(gap_ms, nkeys);
+        let mut store = store;
+        let gap_ms = store.gap_ms;
         for _ in 0..r.count()? {
             let key = r.bytes()?;
             let slot = store.slot(key);
@@ -257,10 +353,21 @@ impl SessionStore {
                 {
                     return Err(CodecError("overlapping sessions"));
                 }
+                let states = decode_states(aggs, r)?;
+                let emitted = match (store.running, store.running.then(|| r.u8()).transpose()?) {
+                    (true, Some(1)) => Some(Emitted {
+                        start: r.i64()?,
+                        end: r.i64()?,
+                        revision: r.i64()?,
+                    }),
+                    _ => None,
+                };
                 open.push(Session {
                     start,
                     last,
-                    states: decode_states(aggs, r)?,
+                    states,
+                    dirty: false,
+                    emitted,
                 });
             }
             for s in &open {
@@ -274,10 +381,37 @@ impl SessionStore {
                     store.expiry.insert((e.saturating_add(gap_ms), slot));
                 }
             }
-            store.keys[slot].1 = KeySessions { open, written_end };
+            store.keys[slot].1 = KeySessions {
+                open,
+                written_end,
+                listed: false,
+            };
         }
         Ok(store)
     }
+}
+
+/// The revision of a session's next row: one more than its last running row's, or 1 when its
+/// start moved since (its old row is withdrawn first: the row's identity is its start).
+fn next_revision(shape: &Shape, out: &mut Rows, key: &[u8], s: &Session) -> i64 {
+    match s.emitted {
+        Some(e) if e.start == s.start => e.revision + 1,
+        Some(e) => {
+            retract(shape, out, key, e);
+            1
+        }
+        None => 1,
+    }
+}
+
+/// Withdraws a running row: the same window, its aggregates NULL, `retracted` true.
+fn retract(shape: &Shape, out: &mut Rows, key: &[u8], e: Emitted) {
+    let tail = Tail {
+        closed: true,
+        revision: e.revision + 1,
+        retracted: true,
+    };
+    shape.write(out, e.start, e.end, key, None, tail);
 }
 
 #[cfg(test)]
@@ -286,6 +420,10 @@ mod tests {
     use crate::rows::OwnedCell::{self, Str, I64};
     use crate::rows::{ColumnType, Rows};
     use crate::watermark::NO_WATERMARK;
+
+    fn shape() -> Shape {
+        Shape::new(1, &aggs(), false)
+    }
 
     fn aggs() -> Vec<AggSpec> {
         vec![AggSpec::parse("count(*)").unwrap()]
@@ -308,7 +446,7 @@ mod tests {
 
     #[test]
     fn events_within_the_gap_form_one_session_and_a_bridge_merges_two() {
-        let mut s = SessionStore::new(10, 1);
+        let mut s = SessionStore::new(10, shape());
         for t in [0, 5, 15] {
             add(&mut s, t, "a", NO_WATERMARK).unwrap();
         }
@@ -337,7 +475,7 @@ mod tests {
 
     #[test]
     fn late_rules_never_let_a_written_session_change() {
-        let mut s = SessionStore::new(10, 1);
+        let mut s = SessionStore::new(10, shape());
         add(&mut s, 100, "a", NO_WATERMARK).unwrap();
         add(&mut s, 200, "a", NO_WATERMARK).unwrap();
         let mut out = rows();
@@ -357,7 +495,7 @@ mod tests {
 
     #[test]
     fn keys_are_forgotten_a_gap_after_their_last_session_and_state_round_trips() {
-        let mut s = SessionStore::new(10, 1);
+        let mut s = SessionStore::new(10, shape());
         add(&mut s, 0, "a", NO_WATERMARK).unwrap();
         add(&mut s, 0, "b", NO_WATERMARK).unwrap();
         add(&mut s, 50, "b", NO_WATERMARK).unwrap();
@@ -366,12 +504,123 @@ mod tests {
         assert_eq!(s.index.len(), 2);
         let mut saved = Vec::new();
         s.encode(&mut Writer(&mut saved));
-        let mut back =
-            SessionStore::decode(10, 1, &aggs(), &mut Reader { b: &saved, i: 0 }).unwrap();
+        let mut back = SessionStore::decode(
+            SessionStore::new(10, shape()),
+            &aggs(),
+            &mut Reader { b: &saved, i: 0 },
+        )
+        .unwrap();
         assert_eq!(back.open_windows(), 1);
         assert_eq!(add(&mut back, 5, "a", 10), Err((5, 15)));
         back.close_through(20, &mut out);
         assert_eq!(back.index.len(), 1, "'a' forgotten at 20");
         assert_eq!(add(&mut back, 25, "a", 20), Ok(()));
+    }
+
+    #[test]
+    fn running_rows_withdraw_what_a_merge_or_an_earlier_start_replaced() {
+        use crate::rows::OwnedCell::{Bool, Null};
+        let shape = Shape::new(1, &aggs(), true);
+        let mut s = SessionStore::new(10, shape.clone()).tracking(true);
+        let mut out = Rows::new(vec![
+            ColumnType::BigInt,
+            ColumnType::BigInt,
+            ColumnType::Varchar,
+            ColumnType::BigInt,
+            ColumnType::Boolean,
+            ColumnType::BigInt,
+            ColumnType::Boolean,
+        ]);
+        let a = || Str("a".into());
+        for t in [20, 40] {
+            add(&mut s, t, "a", NO_WATERMARK).unwrap();
+        }
+        assert_eq!(s.emit_updates(&mut out), 2);
+        assert_eq!(
+            sorted(&out),
+            vec![
+                vec![
+                    I64(20),
+                    I64(30),
+                    a(),
+                    I64(1),
+                    Bool(false),
+                    I64(1),
+                    Bool(false)
+                ],
+                vec![
+                    I64(40),
+                    I64(50),
+                    a(),
+                    I64(1),
+                    Bool(false),
+                    I64(1),
+                    Bool(false)
+                ],
+            ]
+        );
+        assert_eq!(s.emit_updates(&mut out), 0, "nothing changed");
+        out.clear();
+        // 30 bridges them: [20, 50) goes on as the first session's row; the second's row is
+        // withdrawn.
+        add(&mut s, 30, "a", NO_WATERMARK).unwrap();
+        s.emit_updates(&mut out);
+        assert_eq!(
+            sorted(&out),
+            vec![
+                vec![
+                    I64(20),
+                    I64(50),
+                    a(),
+                    I64(3),
+                    Bool(false),
+                    I64(2),
+                    Bool(false)
+                ],
+                vec![I64(40), I64(50), a(), Null, Bool(true), I64(2), Bool(true)],
+            ]
+        );
+        out.clear();
+        // 12 moves the start: the row at 20 is withdrawn and the session's row starts over.
+        add(&mut s, 12, "a", NO_WATERMARK).unwrap();
+        s.emit_updates(&mut out);
+        assert_eq!(
+            sorted(&out),
+            vec![
+                vec![
+                    I64(12),
+                    I64(50),
+                    a(),
+                    I64(4),
+                    Bool(false),
+                    I64(1),
+                    Bool(false)
+                ],
+                vec![I64(20), I64(50), a(), Null, Bool(true), I64(3), Bool(true)],
+            ]
+        );
+        // The running state survives the checkpoint: the close continues the revisions.
+        let mut saved = Vec::new();
+        s.encode(&mut Writer(&mut saved));
+        let mut back = SessionStore::decode(
+            SessionStore::new(10, shape).tracking(true),
+            &aggs(),
+            &mut Reader { b: &saved, i: 0 },
+        )
+        .unwrap();
+        out.clear();
+        assert_eq!(back.close_through(50, &mut out), 1);
+        assert_eq!(
+            out.to_vec(),
+            vec![vec![
+                I64(12),
+                I64(50),
+                a(),
+                I64(4),
+                Bool(true),
+                I64(2),
+                Bool(false)
+            ]]
+        );
     }
 }

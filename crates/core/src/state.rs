@@ -134,6 +134,7 @@ fn decode_schema(data: &[u8], at: &mut usize) -> Result<TableSchema, CodecError>
             "DOUBLE" => ColumnType::Double,
             "VARCHAR" => ColumnType::Varchar,
             "BLOB" => ColumnType::Blob,
+            "DOUBLE[]" => ColumnType::DoubleList,
             _ => return Err(CodecError("unknown column type")),
         };
         columns.push(crate::rows::Column { name, ty });

@@ -14,7 +14,7 @@ use crate::aggregate::{
     decode_states, encode_states, fresh_states, merge_states, AggSpec, AggState, Input, States,
 };
 use crate::codec::{CodecError, Reader, Writer};
-use crate::record::key_parts;
+use crate::emit::{Shape, Tail};
 use crate::rows::Rows;
 
 /// `floor(event_time_ms / size_ms) * size_ms`, flooring also for negative times.
@@ -65,26 +65,6 @@ impl Hasher for FxHasher {
 /// Per key, the partial aggregates of one pane (or session).
 pub(crate) type KeyMap<V> = HashMap<Box<[u8]>, V, BuildHasherDefault<FxHasher>>;
 
-/// Writes one window row: start, end, the key columns, the aggregates.
-pub(crate) fn write_window(
-    out: &mut Rows,
-    start: i64,
-    end: i64,
-    key: &[u8],
-    nkeys: usize,
-    s: &[crate::aggregate::AggState],
-) {
-    let mut row = out.row();
-    row.i64(start).i64(end);
-    for part in key_parts(key, nkeys) {
-        row.str(part);
-    }
-    for a in s {
-        row.cell(a.cell());
-    }
-    row.finish();
-}
-
 /// One pane's partial aggregates per key. The keys sit end to end in one buffer and the states
 /// in one vector, found through a table of entry numbers: a (key, pane) pair seen for the first
 /// time appends to vectors that a reused pane has already grown, and closing a pane frees nothing
@@ -101,6 +81,10 @@ struct Pane {
     /// `width` states per entry, in entry order.
     states: Vec<AggState>,
     width: usize,
+    /// Per entry (jobs with revisions): the store's change number of its last change since
+    /// the cycle's rows were written, 0 when none.
+    changed: Vec<u64>,
+    any_dirty: bool,
 }
 
 fn hash_key(key: &[u8]) -> u64 {
@@ -139,6 +123,7 @@ impl Pane {
         let i = self.spans.len();
         self.spans.push((self.keys.len(), key.len()));
         self.keys.extend_from_slice(key);
+        self.changed.push(0);
         let before = self.states.len();
         self.states.extend(states);
         self.width = self.states.len() - before;
@@ -150,17 +135,28 @@ impl Pane {
         i
     }
 
-    /// The states of `key`, new ones (for `aggs`) when the pane has no entry for it; whether
+    /// The entry of `key`, a new one (with states for `aggs`) when the pane has none; whether
     /// the entry is new.
     #[inline]
-    fn states_for(&mut self, key: &[u8], aggs: &[AggSpec]) -> (&mut [AggState], bool) {
+    fn entry(&mut self, key: &[u8], aggs: &[AggSpec]) -> (usize, bool) {
         let hash = hash_key(key);
-        let (i, new) = match self.find(hash, key) {
+        match self.find(hash, key) {
             Some(i) => (i, false),
             None => (self.push(hash, key, fresh_states(aggs)), true),
-        };
+        }
+    }
+
+    /// Adds an event to entry `i`; `change`: the store's change number (0: not tracked).
+    #[inline]
+    fn add(&mut self, i: usize, t: i64, inputs: &[Input<'_>], change: u64) {
         let w = self.width;
-        (&mut self.states[i * w..(i + 1) * w], new)
+        for (s, input) in self.states[i * w..(i + 1) * w].iter_mut().zip(inputs) {
+            s.add(t, *input);
+        }
+        if change != 0 {
+            self.changed[i] = change;
+            self.any_dirty = true;
+        }
     }
 
     /// Sets the states of `key` (restoring a checkpoint); whether the entry is new.
@@ -187,17 +183,60 @@ impl Pane {
         self.spans.clear();
         self.keys.clear();
         self.states.clear();
+        self.changed.clear();
+        self.any_dirty = false;
+    }
+
+    fn clean(&mut self) {
+        self.changed.iter_mut().for_each(|d| *d = 0);
+        self.any_dirty = false;
+    }
+
+    fn encode(&self, start: i64, w: &mut Writer<'_>) {
+        w.i64(start);
+        w.u64(self.len() as u64);
+        for i in 0..self.len() {
+            w.bytes(self.key(i));
+            encode_states(self.states(i), w);
+        }
     }
 }
 
 /// Emptied panes kept for reuse.
 const SPARE_PANES: usize = 4;
 
+/// Which windows of changed panes [`PaneStore::emit_changed`] writes.
+#[derive(Debug, Clone, Copy)]
+enum Pick {
+    /// At a cycle's end: open windows (running rows) and the corrected closed ones still kept.
+    Cycle { watermark_ms: i64 },
+    /// Before the watermark moves from `from` to `to`: corrected closed windows that the move
+    /// puts out of reach (their correction would be forgotten with them).
+    Expiring { from: i64, to: i64 },
+}
+
+/// What a job with revisions (`emit := 'update'`, `late_updates_ms`) keeps beyond open panes.
+struct Track {
+    /// `emit := 'update'`: each cycle writes the running values of the open windows it changed.
+    running: bool,
+    /// `late_updates_ms`: a closed window stays correctable until the watermark passes its end
+    /// plus this.
+    retain_ms: Option<i64>,
+    /// Per window start and key: the revision of its last row, and the change number it was
+    /// written at (a change after it is not in the row yet; 0 after a restore, when every
+    /// change is newer).
+    revisions: BTreeMap<i64, KeyMap<(i64, u64)>>,
+    /// Numbers changes to pane entries, from 1.
+    change: u64,
+    /// Panes no open window needs, kept while a closed window they belong to is correctable.
+    retained: BTreeMap<i64, Pane>,
+}
+
 /// The open panes of a tumbling or hopping job.
 pub(crate) struct PaneStore {
     size_ms: i64,
     hop_ms: i64,
-    nkeys: usize,
+    shape: Shape,
     panes: BTreeMap<i64, Pane>,
     /// (pane, key) entries held.
     entries: usize,
@@ -209,21 +248,37 @@ pub(crate) struct PaneStore {
     /// window's number (see `emit`).
     scratch: KeyMap<(u64, States)>,
     generation: u64,
+    track: Option<Box<Track>>,
 }
 
 impl PaneStore {
-    pub fn new(size_ms: i64, hop_ms: i64, nkeys: usize, closed_ms: i64) -> PaneStore {
+    pub fn new(size_ms: i64, hop_ms: i64, shape: Shape, closed_ms: i64) -> PaneStore {
         PaneStore {
             size_ms,
             hop_ms,
-            nkeys,
+            shape,
             panes: BTreeMap::new(),
             entries: 0,
             closed_ms,
             spare: Vec::new(),
             scratch: KeyMap::default(),
             generation: 0,
+            track: None,
         }
+    }
+
+    /// Keeps what running values (`running`) and late updates (`retain_ms`) need.
+    pub fn tracking(mut self, running: bool, retain_ms: Option<i64>) -> PaneStore {
+        self.track = (running || retain_ms.is_some()).then(|| {
+            Box::new(Track {
+                running,
+                retain_ms,
+                revisions: BTreeMap::new(),
+                change: 0,
+                retained: BTreeMap::new(),
+            })
+        });
+        self
     }
 
     /// The window an event at `t` is reported late against, if it is late: the last window it
@@ -244,15 +299,50 @@ impl PaneStore {
     pub fn add(&mut self, t: i64, key: &[u8], inputs: &[Input<'_>], aggs: &[AggSpec]) {
         let pane = window_start_ms(t, self.hop_ms);
         let spare = &mut self.spare;
-        let (states, new) = self
+        let p = self
             .panes
             .entry(pane)
-            .or_insert_with(|| spare.pop().unwrap_or_default())
-            .states_for(key, aggs);
-        for (s, input) in states.iter_mut().zip(inputs) {
-            s.add(t, *input);
-        }
+            .or_insert_with(|| spare.pop().unwrap_or_default());
+        let (i, new) = p.entry(key, aggs);
+        let change = match self.track.as_mut() {
+            Some(track) => {
+                track.change += 1;
+                track.change
+            }
+            None => 0,
+        };
+        p.add(i, t, inputs, change);
         self.entries += usize::from(new);
+    }
+
+    /// A late event (see [`PaneStore::late_window`]) corrects the closed windows it belongs to
+    /// when they are still kept (`late_updates_ms`); whether it did.
+    pub fn add_late(
+        &mut self,
+        t: i64,
+        key: &[u8],
+        inputs: &[Input<'_>],
+        aggs: &[AggSpec],
+        watermark_ms: i64,
+    ) -> bool {
+        let Some(track) = self.track.as_mut() else {
+            return false;
+        };
+        let Some(retain) = track.retain_ms else {
+            return false;
+        };
+        let pane = window_start_ms(t, self.hop_ms);
+        if window_end_ms(pane, self.size_ms).saturating_add(retain) <= watermark_ms {
+            return false;
+        }
+        track.change += 1;
+        let p = match self.panes.get_mut(&pane) {
+            Some(p) => p,
+            None => track.retained.entry(pane).or_default(),
+        };
+        let (i, _) = p.entry(key, aggs);
+        p.add(i, t, inputs, track.change);
+        true
     }
 
     pub fn open_windows(&self) -> usize {
@@ -280,6 +370,12 @@ impl PaneStore {
     /// Writes every window whose end is at or before `watermark_ms` (rows of the windows table)
     /// and forgets the panes no open window needs. Returns how many rows were written.
     pub(crate) fn close_through(&mut self, watermark_ms: i64, out: &mut Rows) -> usize {
+        if self.corrections_may_expire(watermark_ms) {
+            // A correction made this cycle to a window the new watermark puts out of reach is
+            // written now.
+            let (from, to) = (self.closed_ms, watermark_ms);
+            self.emit_changed(Pick::Expiring { from, to }, out);
+        }
         let mut written = 0;
         while let Some(&first) = self.panes.keys().next() {
             let start = self.next_start(first);
@@ -290,6 +386,7 @@ impl PaneStore {
             written += self.emit(start, end, out);
         }
         self.closed_ms = self.closed_ms.max(watermark_ms);
+        self.expire(watermark_ms);
         written
     }
 
@@ -319,6 +416,86 @@ impl PaneStore {
         }
     }
 
+    /// A pane no open window needs: kept while late updates may still reach its windows.
+    fn retire(&mut self, start: i64, pane: Pane) {
+        match self.track.as_mut() {
+            Some(track) if track.retain_ms.is_some() => {
+                self.entries -= pane.len();
+                // Its changes stay marked: they may be corrections of closed windows.
+                track.retained.insert(start, pane);
+            }
+            _ => self.recycle(pane),
+        }
+    }
+
+    /// Whether moving the watermark to `watermark_ms` puts a closed window out of the reach of
+    /// late updates (windows go out of reach one hop at a time: this is cheap to ask on every
+    /// move of the watermark).
+    fn corrections_may_expire(&self, watermark_ms: i64) -> bool {
+        let Some(retain) = self.track.as_ref().and_then(|t| t.retain_ms) else {
+            return false;
+        };
+        let reach_start = |wm: i64| {
+            window_start_ms(
+                wm.saturating_sub(self.size_ms).saturating_sub(retain),
+                self.hop_ms,
+            )
+        };
+        self.closed_ms != i64::MIN && reach_start(watermark_ms) > reach_start(self.closed_ms)
+    }
+
+    /// Forgets the kept panes and revisions of windows no late update can reach any more.
+    fn expire(&mut self, watermark_ms: i64) {
+        let Some(track) = self.track.as_mut() else {
+            return;
+        };
+        let (size, retain, closed) = (self.size_ms, track.retain_ms.unwrap_or(0), self.closed_ms);
+        let reach = |start: i64| window_end_ms(start, size).saturating_add(retain);
+        while let Some(entry) = track.retained.first_entry() {
+            if reach(*entry.key()) > watermark_ms {
+                break;
+            }
+            let mut pane = entry.remove();
+            if self.spare.len() < SPARE_PANES {
+                pane.clear();
+                self.spare.push(pane);
+            }
+        }
+        while let Some(entry) = track.revisions.first_entry() {
+            let start = *entry.key();
+            if reach(start) > watermark_ms || window_end_ms(start, size) > closed {
+                break;
+            }
+            entry.remove();
+        }
+    }
+
+    /// The revision of a window's row being written at its close.
+    fn final_revision(&mut self, start: i64, key: &[u8]) -> i64 {
+        let Some(track) = self.track.as_mut() else {
+            return 1;
+        };
+        let rev = track
+            .revisions
+            .get(&start)
+            .and_then(|m| m.get(key))
+            .map_or(1, |r| r.0 + 1);
+        if track.retain_ms.is_some() {
+            let change = track.change;
+            track
+                .revisions
+                .entry(start)
+                .or_default()
+                .insert(key.into(), (rev, change));
+        } else if let Some(m) = track.revisions.get_mut(&start) {
+            m.remove(key);
+            if m.is_empty() {
+                track.revisions.remove(&start);
+            }
+        }
+        rev
+    }
+
     /// Writes the window `[start, end)` and drops the panes no later window needs. Rows come in
     /// the order their keys first appeared in the window.
     fn emit(&mut self, start: i64, end: i64, out: &mut Rows) -> usize {
@@ -327,10 +504,12 @@ impl PaneStore {
             // Tumbling: the pane is the window.
             if let Some(pane) = self.panes.remove(&start) {
                 for i in 0..pane.len() {
-                    write_window(out, start, end, pane.key(i), self.nkeys, pane.states(i));
+                    let rev = self.final_revision(start, pane.key(i));
+                    let (key, states) = (pane.key(i), pane.states(i));
+                    self.shape.write_final(out, start, end, key, states, rev);
                 }
                 written = pane.len();
-                self.recycle(pane);
+                self.retire(start, pane);
             }
         } else {
             // Combine the window's panes per key. The scratch map outlives one window: an entry
@@ -354,56 +533,185 @@ impl PaneStore {
                     }
                 }
             }
-            for (key, (g, states)) in merged.iter() {
+            let mut scratch = std::mem::take(&mut self.scratch);
+            for (key, (g, states)) in scratch.iter() {
                 if *g == generation {
-                    write_window(out, start, end, key, self.nkeys, states);
+                    let rev = self.final_revision(start, key);
+                    self.shape.write_final(out, start, end, key, states, rev);
                     written += 1;
                 }
             }
-            if merged.len() > 2 * written + 64 {
-                merged.retain(|_, (g, _)| *g == generation);
+            if scratch.len() > 2 * written + 64 {
+                scratch.retain(|_, (g, _)| *g == generation);
             }
+            self.scratch = scratch;
             // Later windows start at start + hop or after: panes before that are done.
             while let Some(entry) = self.panes.first_entry() {
                 if *entry.key() > start {
                     break;
                 }
-                let pane = entry.remove();
-                self.recycle(pane);
+                let (at, pane) = entry.remove_entry();
+                self.retire(at, pane);
             }
         }
         self.closed_ms = self.closed_ms.max(end);
         written
     }
 
+    /// Writes the running value of every window whose panes changed since the last call: open
+    /// windows (`emit := 'update'`) and closed ones a late update corrected. Returns the rows.
+    pub(crate) fn emit_updates(&mut self, watermark_ms: i64, out: &mut Rows) -> usize {
+        self.emit_changed(Pick::Cycle { watermark_ms }, out)
+    }
+
+    /// Writes the windows `pick` chooses among those of changed pane entries whose last row
+    /// does not hold the change yet.
+    fn emit_changed(&mut self, pick: Pick, out: &mut Rows) -> usize {
+        let Some(track) = self.track.as_mut() else {
+            return 0;
+        };
+        let (size, hop, closed_ms) = (self.size_ms, self.hop_ms, self.closed_ms);
+        let (running, retain) = (track.running, track.retain_ms);
+        let wanted = |end: i64| {
+            let closed = end <= closed_ms;
+            match (pick, retain) {
+                (Pick::Cycle { .. }, _) if !closed => running,
+                (Pick::Cycle { watermark_ms }, Some(n)) => end.saturating_add(n) > watermark_ms,
+                (Pick::Expiring { from, to }, Some(n)) => {
+                    let reach = end.saturating_add(n);
+                    closed && reach > from && reach <= to
+                }
+                _ => false,
+            }
+        };
+        let revisions = &track.revisions;
+        let mut todo: BTreeMap<i64, Vec<Box<[u8]>>> = BTreeMap::new();
+        for (&p, pane) in self.panes.iter_mut().chain(track.retained.iter_mut()) {
+            if !pane.any_dirty {
+                continue;
+            }
+            for i in 0..pane.len() {
+                let changed = pane.changed[i];
+                if changed == 0 {
+                    continue;
+                }
+                let key = pane.key(i);
+                let mut s = p - size + hop;
+                while s <= p {
+                    let written = revisions
+                        .get(&s)
+                        .and_then(|m| m.get(key))
+                        .map_or(0, |r| r.1);
+                    if changed > written && wanted(window_end_ms(s, size)) {
+                        todo.entry(s).or_default().push(key.into());
+                    }
+                    s += hop;
+                }
+            }
+            if let Pick::Cycle { .. } = pick {
+                pane.clean();
+            }
+        }
+        let mut written = 0;
+        for (s, mut keys) in todo {
+            keys.sort_unstable();
+            keys.dedup();
+            let end = window_end_ms(s, size);
+            for key in keys {
+                let hash = hash_key(&key);
+                let mut acc: Option<States> = None;
+                let mut q = s;
+                while q < end {
+                    let pane = self.panes.get(&q).or_else(|| track.retained.get(&q));
+                    if let Some((pane, i)) = pane.and_then(|p| p.find(hash, &key).map(|i| (p, i))) {
+                        match acc.as_mut() {
+                            None => acc = Some(pane.states(i).into()),
+                            Some(m) => merge_states(m, pane.states(i)),
+                        }
+                    }
+                    q += hop;
+                }
+                let Some(states) = acc else { continue };
+                let entry = track
+                    .revisions
+                    .entry(s)
+                    .or_default()
+                    .entry(key.clone())
+                    .or_insert((0, 0));
+                *entry = (entry.0 + 1, track.change);
+                let tail = Tail {
+                    closed: end <= closed_ms,
+                    revision: entry.0,
+                    retracted: false,
+                };
+                self.shape.write(out, s, end, &key, Some(&states), tail);
+                written += 1;
+            }
+        }
+        written
+    }
+
     /// Panes in start order, each pane's entries in the order their keys first appeared (as
-    /// kept in memory, so a resumed run holds its windows exactly as the straight run did).
+    /// kept in memory, so a resumed run holds its windows exactly as the straight run did);
+    /// then, for a job with revisions, the kept panes and the revisions written.
     pub(crate) fn encode(&self, w: &mut Writer<'_>) {
         w.i64(self.closed_ms);
         w.u64(self.panes.len() as u64);
         for (&start, pane) in &self.panes {
-            w.i64(start);
-            w.u64(pane.len() as u64);
-            for i in 0..pane.len() {
-                w.bytes(pane.key(i));
-                encode_states(pane.states(i), w);
+            pane.encode(start, w);
+        }
+        if let Some(track) = &self.track {
+            w.u64(track.retained.len() as u64);
+            for (&start, pane) in &track.retained {
+                pane.encode(start, w);
+            }
+            w.u64(track.revisions.len() as u64);
+            for (&start, keys) in &track.revisions {
+                w.i64(start);
+                let mut sorted: Vec<(&[u8], i64)> =
+                    keys.iter().map(|(k, r)| (&k[..], r.0)).collect();
+                sorted.sort_unstable();
+                w.u64(sorted.len() as u64);
+                for (key, rev) in sorted {
+                    w.bytes(key);
+                    w.i64(rev);
+                }
             }
         }
     }
 
+    /// Restores a store encoded by [`PaneStore::encode`] (`store`: a new one, with the job's
+    /// tracking, whose windows ending at or before the stored point are closed).
     pub(crate) fn decode(
-        size_ms: i64,
-        hop_ms: i64,
-        nkeys: usize,
+        store: PaneStore,
         aggs: &[AggSpec],
         r: &mut Reader<'_>,
     ) -> Result<PaneStore, CodecError> {
-        let mut store = PaneStore::new(size_ms, hop_ms, nkeys, r.i64()?);
+        let mut store = store;
+        store.closed_ms = r.i64()?;
         for _ in 0..r.count()? {
             let start = r.i64()?;
             for _ in 0..r.count()? {
                 let key = r.bytes()?;
                 store.insert_states(start, key, decode_states(aggs, r)?);
+            }
+        }
+        if let Some(track) = store.track.as_mut() {
+            for _ in 0..r.count()? {
+                let start = r.i64()?;
+                let pane = track.retained.entry(start).or_default();
+                for _ in 0..r.count()? {
+                    let key = r.bytes()?;
+                    pane.put(key, decode_states(aggs, r)?);
+                }
+            }
+            for _ in 0..r.count()? {
+                let start = r.i64()?;
+                let keys = track.revisions.entry(start).or_default();
+                for _ in 0..r.count()? {
+                    let key = r.bytes()?;
+                    keys.insert(key.into(), (r.i64()?, 0));
+                }
             }
         }
         Ok(store)
@@ -416,6 +724,10 @@ mod tests {
     use crate::aggregate::AggSpec;
     use crate::rows::OwnedCell::{self, Str, F64, I64};
     use crate::rows::{ColumnType, Rows};
+
+    fn shape() -> Shape {
+        Shape::new(1, &aggs(), false)
+    }
 
     fn aggs() -> Vec<AggSpec> {
         ["count(*)", "sum(v)"]
@@ -453,7 +765,7 @@ mod tests {
 
     #[test]
     fn tumbling_closes_in_watermark_order_only_what_the_watermark_passed() {
-        let mut w = PaneStore::new(1000, 1000, 1, i64::MIN);
+        let mut w = PaneStore::new(1000, 1000, shape(), i64::MIN);
         add(&mut w, 100, "a", 1.0);
         add(&mut w, 200, "b", 2.0);
         add(&mut w, 1500, "a", 3.0);
@@ -476,8 +788,12 @@ mod tests {
         assert_eq!(w.late_window(1000, 1000), Ok(()));
         let mut saved = Vec::new();
         w.encode(&mut Writer(&mut saved));
-        let mut back =
-            PaneStore::decode(1000, 1000, 1, &aggs(), &mut Reader { b: &saved, i: 0 }).unwrap();
+        let mut back = PaneStore::decode(
+            PaneStore::new(1000, 1000, shape(), i64::MIN),
+            &aggs(),
+            &mut Reader { b: &saved, i: 0 },
+        )
+        .unwrap();
         assert_eq!(back.open_windows(), 1);
         out.clear();
         assert_eq!(back.close_all(&mut out), Some(2000));
@@ -487,7 +803,7 @@ mod tests {
     #[test]
     fn hopping_windows_combine_their_panes() {
         // Windows of 3 s every 1 s: an event at 2.5 s is in [0,3), [1,4) and [2,5).
-        let mut w = PaneStore::new(3000, 1000, 1, i64::MIN);
+        let mut w = PaneStore::new(3000, 1000, shape(), i64::MIN);
         add(&mut w, 2500, "k", 1.0);
         add(&mut w, 3500, "k", 10.0);
         let mut out = rows();
@@ -518,7 +834,7 @@ mod tests {
 
     #[test]
     fn hopping_skips_empty_stretches_and_resumes_from_the_checkpoint() {
-        let mut w = PaneStore::new(2000, 1000, 1, i64::MIN);
+        let mut w = PaneStore::new(2000, 1000, shape(), i64::MIN);
         add(&mut w, 0, "a", 1.0);
         add(&mut w, 1_000_000, "a", 2.0);
         let mut out = rows();
@@ -529,8 +845,12 @@ mod tests {
         );
         let mut saved = Vec::new();
         w.encode(&mut Writer(&mut saved));
-        let mut back =
-            PaneStore::decode(2000, 1000, 1, &aggs(), &mut Reader { b: &saved, i: 0 }).unwrap();
+        let mut back = PaneStore::decode(
+            PaneStore::new(2000, 1000, shape(), i64::MIN),
+            &aggs(),
+            &mut Reader { b: &saved, i: 0 },
+        )
+        .unwrap();
         out.clear();
         assert_eq!(
             back.close_through(1_001_000, &mut out),
@@ -548,7 +868,7 @@ mod tests {
     fn many_keys_through_recycled_and_restored_panes_match_a_plain_map() {
         use std::collections::BTreeMap as Map;
         for (size, hop) in [(1000, 1000), (3000, 1000)] {
-            let mut w = PaneStore::new(size, hop, 1, i64::MIN);
+            let mut w = PaneStore::new(size, hop, shape(), i64::MIN);
             let mut want: Map<(i64, String), (i64, f64)> = Map::new();
             let mut got: Map<(i64, String), (i64, f64)> = Map::new();
             let mut out = rows();
@@ -587,8 +907,12 @@ mod tests {
                     let mut saved = Vec::new();
                     w.encode(&mut Writer(&mut saved));
                     let open = w.open_windows();
-                    w = PaneStore::decode(size, hop, 1, &aggs(), &mut Reader { b: &saved, i: 0 })
-                        .unwrap();
+                    w = PaneStore::decode(
+                        PaneStore::new(size, hop, shape(), i64::MIN),
+                        &aggs(),
+                        &mut Reader { b: &saved, i: 0 },
+                    )
+                    .unwrap();
                     assert_eq!(w.open_windows(), open);
                 }
             }
@@ -603,7 +927,7 @@ mod tests {
 
     #[test]
     fn a_restored_entry_replaces_the_one_held() {
-        let mut w = PaneStore::new(1000, 1000, 1, i64::MIN);
+        let mut w = PaneStore::new(1000, 1000, shape(), i64::MIN);
         add(&mut w, 10, "a", 1.0);
         add(&mut w, 20, "b", 2.0);
         let fresh: States = aggs().iter().map(|a| AggState::new(a.func)).collect();
@@ -623,6 +947,109 @@ mod tests {
                 vec![I64(0), I64(1000), Str("c".into()), I64(0), OwnedCell::Null],
             ],
             "rows in the order keys first appeared"
+        );
+    }
+
+    /// (start, count, final, revision) of each row, sorted.
+    fn revised(out: &Rows) -> Vec<(i64, i64, bool, i64)> {
+        let mut v: Vec<_> = out
+            .to_vec()
+            .into_iter()
+            .map(|r| match (&r[0], &r[3], &r[5], &r[6]) {
+                (I64(s), I64(n), OwnedCell::Bool(f), I64(rev)) => (*s, *n, *f, *rev),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn revision_rows() -> Rows {
+        use ColumnType::*;
+        Rows::new(vec![
+            BigInt, BigInt, Varchar, BigInt, Double, Boolean, BigInt, Boolean,
+        ])
+    }
+
+    #[test]
+    fn running_rows_cover_every_open_window_of_a_changed_pane() {
+        let shape = Shape::new(1, &aggs(), true);
+        let mut w = PaneStore::new(2000, 1000, shape, i64::MIN).tracking(true, None);
+        let mut out = revision_rows();
+        add(&mut w, 1500, "a", 1.0);
+        assert_eq!(w.emit_updates(i64::MIN, &mut out), 2);
+        assert_eq!(revised(&out), vec![(0, 1, false, 1), (1000, 1, false, 1)]);
+        out.clear();
+        assert_eq!(w.emit_updates(i64::MIN, &mut out), 0, "nothing changed");
+        assert_eq!(w.close_through(2000, &mut out), 1);
+        add(&mut w, 2500, "a", 1.0);
+        w.emit_updates(2000, &mut out);
+        assert_eq!(
+            revised(&out),
+            vec![(0, 1, true, 2), (1000, 2, false, 2), (2000, 1, false, 1)]
+        );
+    }
+
+    #[test]
+    fn late_updates_correct_a_closed_window_until_its_end_plus_the_bound() {
+        let shape = Shape::new(1, &aggs(), true);
+        let mut w = PaneStore::new(1000, 1000, shape.clone(), i64::MIN).tracking(false, Some(500));
+        let mut out = revision_rows();
+        add(&mut w, 100, "a", 1.0);
+        assert_eq!(
+            w.emit_updates(0, &mut out),
+            0,
+            "emit := 'close' writes no running rows"
+        );
+        assert_eq!(w.close_through(1200, &mut out), 1);
+        let late = |w: &mut PaneStore, t: i64, wm: i64| {
+            w.add_late(t, b"a", &[Input::Present, Input::Num(1.0)], &aggs(), wm)
+        };
+        assert!(late(&mut w, 200, 1200));
+        w.emit_updates(1200, &mut out);
+        assert_eq!(revised(&out), vec![(0, 1, true, 1), (0, 2, true, 2)]);
+        // The kept state survives the checkpoint (taken once a cycle's rows are written).
+        let mut saved = Vec::new();
+        w.encode(&mut Writer(&mut saved));
+        let fresh = PaneStore::new(1000, 1000, shape, i64::MIN).tracking(false, Some(500));
+        let mut w = PaneStore::decode(fresh, &aggs(), &mut Reader { b: &saved, i: 0 }).unwrap();
+        out.clear();
+        assert!(late(&mut w, 250, 1200));
+        w.emit_updates(1200, &mut out);
+        assert_eq!(revised(&out), vec![(0, 3, true, 3)]);
+        w.close_through(1500, &mut out);
+        assert!(
+            !late(&mut w, 300, 1500),
+            "1000 + 500 is not after the watermark"
+        );
+        assert_eq!(w.track.as_ref().map(|t| t.retained.len()), Some(0));
+        assert_eq!(w.track.as_ref().map(|t| t.revisions.len()), Some(0));
+    }
+
+    #[test]
+    fn a_correction_is_written_before_the_watermark_puts_it_out_of_reach() {
+        // Hopping 2 s every 1 s, corrections kept 2 s: [-1 s, 1 s) closes at 1.5 s; an event at
+        // 200 ms still counts in the open [0, 2 s) and corrects the closed one; the watermark
+        // then jumps to 5 s within the same cycle, past the closed window's reach (3 s).
+        let shape = Shape::new(1, &aggs(), true);
+        let mut w = PaneStore::new(2000, 1000, shape, i64::MIN).tracking(false, Some(2000));
+        let mut out = revision_rows();
+        add(&mut w, 100, "a", 1.0);
+        add(&mut w, 1500, "a", 1.0);
+        w.close_through(1500, &mut out);
+        w.emit_updates(1500, &mut out);
+        assert_eq!(revised(&out), vec![(-1000, 1, true, 1)]);
+        out.clear();
+        add(&mut w, 200, "a", 1.0);
+        w.close_through(5000, &mut out);
+        assert_eq!(
+            w.emit_updates(5000, &mut out),
+            0,
+            "written already, nothing left"
+        );
+        assert_eq!(
+            revised(&out),
+            vec![(-1000, 2, true, 2), (0, 3, true, 1), (1000, 1, true, 1)]
         );
     }
 }

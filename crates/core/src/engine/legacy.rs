@@ -4,6 +4,7 @@
 use crate::aggregate::{AggState, SumState};
 use crate::codec::{CodecError, Reader};
 use crate::config::EngineConfig;
+use crate::emit::Shape;
 use crate::window::PaneStore;
 
 /// Open windows: (start, key, count, values, sum, compensation, min, max) each.
@@ -13,7 +14,8 @@ pub(super) fn decode_windows(
     data: &[u8],
 ) -> Result<PaneStore, CodecError> {
     let size = cfg.time.window_ms;
-    let mut store = PaneStore::new(size, size, 1, floor_ms);
+    let shape = Shape::new(1, &cfg.aggregates, false);
+    let mut store = PaneStore::new(size, size, shape, floor_ms);
     let mut r = Reader { b: data, i: 0 };
     r.u8()?;
     for _ in 0..r.count()? {

@@ -7,7 +7,9 @@ mod legacy;
 use crate::aggregate::Input;
 use crate::chunk::Chunk;
 use crate::codec::{CodecError, Reader, Writer};
+use crate::config::Emit;
 use crate::config::{EngineConfig, WindowKind, MAX_AGGREGATES};
+use crate::emit::Shape;
 use crate::format::{record_json, RecordDecoder};
 use crate::record::{late_key, FieldPlan, Reject};
 use crate::session::SessionStore;
@@ -52,13 +54,19 @@ const STATE_FORMAT: u8 = 2;
 
 impl Windows {
     fn new(cfg: &EngineConfig, floor_ms: i64) -> Windows {
-        let (size, n) = (cfg.time.window_ms, cfg.keys.len());
+        let size = cfg.time.window_ms;
+        let shape = Shape::new(cfg.keys.len(), &cfg.aggregates, cfg.revisions());
+        let running = cfg.emit == Emit::Update;
+        let panes = |hop_ms| {
+            PaneStore::new(size, hop_ms, shape.clone(), floor_ms)
+                .tracking(running, cfg.late_updates_ms)
+        };
         match cfg.window {
-            WindowKind::Tumbling => Windows::Panes(PaneStore::new(size, size, n, floor_ms)),
-            WindowKind::Hopping { hop_ms } => {
-                Windows::Panes(PaneStore::new(size, hop_ms, n, floor_ms))
+            WindowKind::Tumbling => Windows::Panes(panes(size)),
+            WindowKind::Hopping { hop_ms } => Windows::Panes(panes(hop_ms)),
+            WindowKind::Session => {
+                Windows::Sessions(SessionStore::new(size, shape.clone()).tracking(running))
             }
-            WindowKind::Session => Windows::Sessions(SessionStore::new(size, n)),
         }
     }
 
@@ -79,18 +87,15 @@ impl Windows {
 
     fn decode(cfg: &EngineConfig, floor_ms: i64, data: &[u8]) -> Result<Windows, CodecError> {
         let mut r = Reader { b: data, i: 0 };
-        let (size, n, aggs) = (cfg.time.window_ms, cfg.keys.len(), &cfg.aggregates[..]);
-        let windows = match (r.u8()?, r.u8()?, cfg.window) {
-            (STATE_FORMAT, 0, WindowKind::Tumbling) => {
-                Windows::Panes(PaneStore::decode(size, size, n, aggs, &mut r)?)
+        let aggs = &cfg.aggregates[..];
+        let windows = match (r.u8()?, r.u8()?, Windows::new(cfg, floor_ms)) {
+            (STATE_FORMAT, 0, Windows::Panes(store)) => {
+                Windows::Panes(PaneStore::decode(store, aggs, &mut r)?)
             }
-            (STATE_FORMAT, 0, WindowKind::Hopping { hop_ms }) => {
-                Windows::Panes(PaneStore::decode(size, hop_ms, n, aggs, &mut r)?)
+            (STATE_FORMAT, 1, Windows::Sessions(store)) => {
+                Windows::Sessions(SessionStore::decode(store, aggs, &mut r)?)
             }
-            (STATE_FORMAT, 1, WindowKind::Session) => {
-                Windows::Sessions(SessionStore::decode(size, n, aggs, &mut r)?)
-            }
-            (1, _, WindowKind::Tumbling) if cfg.default_key => {
+            (1, _, Windows::Panes(_)) if cfg.window == WindowKind::Tumbling && cfg.default_key => {
                 return legacy::decode_windows(cfg, floor_ms, data).map(Windows::Panes)
             }
             _ => return Err(CodecError("open windows of another kind of job")),
@@ -175,7 +180,8 @@ impl Engine {
         }
     }
 
-    /// The open windows in their checkpoint form.
+    /// The open windows in their checkpoint form, taken after [`Engine::take_output`] (which
+    /// writes the cycle's running rows: what changed since is not part of the form).
     pub fn encode_open_windows(&self, out: &mut Vec<u8>) {
         self.windows.encode(out);
     }
@@ -188,6 +194,14 @@ impl Engine {
     /// Hands over the output gathered since the last call (`into` must have this job's
     /// schemas; it comes back empty for the next call).
     pub fn take_output(&mut self, into: &mut Batch) {
+        if self.cfg.revisions() {
+            let wm = self.marks.global_ms();
+            let out = &mut self.out.windows;
+            match &mut self.windows {
+                Windows::Panes(p) => p.emit_updates(wm, out),
+                Windows::Sessions(s) => s.emit_updates(out),
+            };
+        }
         into.clear();
         std::mem::swap(into, &mut self.out);
     }
@@ -303,11 +317,20 @@ impl Engine {
     fn place(&mut self, idx: usize, msg: &Message<'_>, t: i64, key: &[u8], inputs: &[Input<'_>]) {
         let partition = self.partitions[idx];
         let watermark = self.marks.global_ms();
+        let aggs = &self.cfg.aggregates;
+        let mut applied = false;
         let late = match &mut self.windows {
-            Windows::Panes(p) => p.late_window(t, watermark).map(|()| {
-                p.add(t, key, inputs, &self.cfg.aggregates);
-            }),
-            Windows::Sessions(s) => s.add(t, key, inputs, &self.cfg.aggregates, watermark),
+            Windows::Panes(p) => match p.late_window(t, watermark) {
+                Ok(()) => {
+                    p.add(t, key, inputs, aggs);
+                    Ok(())
+                }
+                Err(w) => {
+                    applied = p.add_late(t, key, inputs, aggs, watermark);
+                    Err(w)
+                }
+            },
+            Windows::Sessions(s) => s.add(t, key, inputs, aggs, watermark),
         };
         if let Err((start, end)) = late {
             self.counters.late_events += 1;
@@ -320,10 +343,8 @@ impl Engine {
             } else {
                 std::str::from_utf8(msg.payload).unwrap_or_default()
             };
-            self.out
-                .late
-                .row()
-                .opt_str(has_key.then_some(self.late_key.as_str()))
+            let mut row = self.out.late.row();
+            row.opt_str(has_key.then_some(self.late_key.as_str()))
                 .i64(t)
                 .i64(self.now_ms)
                 .str(payload)
@@ -332,8 +353,11 @@ impl Engine {
                 .i64(watermark)
                 .str(&self.topic)
                 .i32(partition)
-                .i64(msg.offset)
-                .finish();
+                .i64(msg.offset);
+            if self.cfg.late_updates_ms.is_some() {
+                row.cell(crate::rows::Cell::Bool(applied));
+            }
+            row.finish();
         }
         if self.marks.observe(idx, t) {
             self.close_windows();
