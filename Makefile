@@ -162,6 +162,7 @@ bench: release tools configure $(NEXMARK)
 	$(CARGO) build --release -p streaming_etl_core --example engine_bench --example format_bench
 	$(PY) scripts/bench.py
 	$(PY) scripts/bench_formats.py
+	$(PY) scripts/bench_emit.py
 	$(LTS_PY) scripts/group_scale.py --only commits
 	$(LTS_PY) scripts/group_scale.py --only cpu
 

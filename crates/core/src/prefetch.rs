@@ -15,7 +15,7 @@ use crate::config::{EngineConfig, MAX_AGGREGATES};
 use crate::engine::Engine;
 use crate::error::{EtlError, Result};
 use crate::format::RecordDecoder;
-use crate::record::{FieldPlan, Reject};
+use crate::record::{with_inputs, FieldPlan, Reject};
 use crate::source::{Message, Pull, Source};
 
 /// Messages per chunk (and bytes: whichever comes first).
@@ -47,7 +47,6 @@ impl ChunkParser {
         let n = self.n;
         c.n_inputs = n;
         for i in 0..c.len() {
-            let mut inputs = [Input::Skip; MAX_AGGREGATES];
             let (a, b) = Chunk::span(&c.payload_ends, i);
             let msg_key = c.msg_key_ends[i].map(|end| {
                 let start = c.msg_key_ends[..i]
@@ -64,31 +63,34 @@ impl ChunkParser {
                     Err(r) => (Err(r), Ok(())),
                     Ok(t) => {
                         let key = msg_key.map(|(s, e)| &c.msg_keys[s..e]);
-                        let rest = self
-                            .plan
-                            .key(&fields, key, &mut self.key)
-                            .and_then(|()| self.plan.inputs(&fields, &mut inputs[..n]));
-                        if rest.is_ok() {
-                            c.keys.extend_from_slice(&self.key);
-                            for input in &inputs[..n] {
-                                c.inputs.push(match *input {
-                                    Input::Skip => OwnedInput::Skip,
-                                    Input::Num(v) => OwnedInput::Num(v),
-                                    Input::Text(s) => {
-                                        let start = c.texts.len();
-                                        c.texts.extend_from_slice(s.as_bytes());
-                                        OwnedInput::Text(start, c.texts.len())
-                                    }
-                                    Input::Hash(h) => OwnedInput::Hash(h),
-                                    Input::Arg(by, s) => {
-                                        let start = c.texts.len();
-                                        c.texts.extend_from_slice(s.as_bytes());
-                                        OwnedInput::Arg(by, start, c.texts.len())
-                                    }
-                                    Input::Present => OwnedInput::Present,
-                                });
+                        let rest = with_inputs(n, |inputs| {
+                            let rest = self
+                                .plan
+                                .key(&fields, key, &mut self.key)
+                                .and_then(|()| self.plan.inputs(&fields, inputs));
+                            if rest.is_ok() {
+                                c.keys.extend_from_slice(&self.key);
+                                for input in inputs.iter() {
+                                    c.inputs.push(match *input {
+                                        Input::Skip => OwnedInput::Skip,
+                                        Input::Num(v) => OwnedInput::Num(v),
+                                        Input::Text(s) => {
+                                            let start = c.texts.len();
+                                            c.texts.extend_from_slice(s.as_bytes());
+                                            OwnedInput::Text(start, c.texts.len())
+                                        }
+                                        Input::Hash(h) => OwnedInput::Hash(h),
+                                        Input::Arg(by, s) => {
+                                            let start = c.texts.len();
+                                            c.texts.extend_from_slice(s.as_bytes());
+                                            OwnedInput::Arg(by, start, c.texts.len())
+                                        }
+                                        Input::Present => OwnedInput::Present,
+                                    });
+                                }
                             }
-                        }
+                            rest
+                        });
                         (Ok(t), rest)
                     }
                 },

@@ -5,7 +5,7 @@
 //! roles it has. (The second part of the file is its tests.)
 
 use crate::aggregate::{AggFunc, Input};
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, MAX_AGGREGATES};
 use crate::decode::{parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind};
 use crate::filter::Filter;
 use crate::format::{Format, RecordDecoder, Schemas};
@@ -72,6 +72,22 @@ pub(crate) struct FieldPlan {
     /// How messages are encoded, and the schemas of binary ones.
     encoding: Format,
     schemas: Schemas,
+}
+
+/// The aggregates of most jobs fit in this many inputs.
+const FEW_INPUTS: usize = 8;
+
+/// Runs `f` over `n` fresh inputs on the stack. They are made anew for every event, so the
+/// array is only as large as the common case needs (a 32-input array cost a copy per event).
+#[inline(always)]
+pub(crate) fn with_inputs<'a, R>(n: usize, f: impl FnOnce(&mut [Input<'a>]) -> R) -> R {
+    if n <= FEW_INPUTS {
+        let mut few = [Input::Skip; FEW_INPUTS];
+        f(&mut few[..n])
+    } else {
+        let mut all = [Input::Skip; MAX_AGGREGATES];
+        f(&mut all[..n.min(MAX_AGGREGATES)])
+    }
 }
 
 /// How one aggregate reads its input.

@@ -7,11 +7,10 @@ mod legacy;
 use crate::aggregate::Input;
 use crate::chunk::Chunk;
 use crate::codec::{CodecError, Reader, Writer};
-use crate::config::Emit;
-use crate::config::{EngineConfig, WindowKind, MAX_AGGREGATES};
+use crate::config::{Emit, EngineConfig, WindowKind, MAX_AGGREGATES};
 use crate::emit::Shape;
 use crate::format::{record_json, RecordDecoder};
-use crate::record::{late_key, FieldPlan, Reject};
+use crate::record::{late_key, with_inputs, FieldPlan, Reject};
 use crate::session::SessionStore;
 use crate::source::Message;
 use crate::state::Batch;
@@ -112,7 +111,8 @@ pub struct Engine {
     topic: String,
     plan: FieldPlan,
     /// Taken out while an event is read (its fields borrow it); always put back.
-    decoder: Option<RecordDecoder>,
+    /// (Boxed: taking it out and back per event moves a pointer, not the whole decoder.)
+    decoder: Option<Box<RecordDecoder>>,
     windows: Windows,
     marks: Watermarks,
     partitions: Vec<i32>,
@@ -144,7 +144,7 @@ impl Engine {
         };
         let partitions = &restored.partitions;
         Ok(Engine {
-            decoder: Some(plan.decoder()),
+            decoder: Some(Box::new(plan.decoder())),
             plan,
             topic: topic.to_string(),
             windows,
@@ -250,31 +250,30 @@ impl Engine {
         self.counters.events_consumed += 1;
         self.next_offsets[idx] = msg.next_offset;
         let partition = self.partitions[idx];
-        let mut inputs = [Input::Skip; MAX_AGGREGATES];
         let n = self.cfg.aggregates.len();
         // Taken out for the event (no allocation): the fields borrow the decoder while the
         // event goes into the windows.
         let mut key = std::mem::take(&mut self.key);
-        let mut decoder = self.decoder.take().unwrap_or_else(|| self.plan.decoder());
-        let fields = match decoder.decode(msg.payload, msg.schema) {
-            Ok(f) => f,
-            Err(e) => {
-                self.key = key;
-                self.decoder = Some(decoder);
-                return self.dead(partition, msg, Reject::Syntax(e));
-            }
-        };
-        let read = self.plan.time(&fields, msg.timestamp).and_then(|t| {
-            if self.too_far_ahead(t) {
-                return Err(Reject::TooFarAhead);
-            }
-            self.plan.key(&fields, msg.key, &mut key)?;
-            self.plan.inputs(&fields, &mut inputs[..n])?;
-            Ok(t)
-        });
-        match read {
-            Ok(t) => self.place(idx, msg, t, &key, &inputs[..n]),
-            Err(r) => self.dead(partition, msg, r),
+        let mut decoder = self
+            .decoder
+            .take()
+            .unwrap_or_else(|| Box::new(self.plan.decoder()));
+        match decoder.decode(msg.payload, msg.schema) {
+            Ok(fields) => with_inputs(n, |inputs| {
+                let read = self.plan.time(&fields, msg.timestamp).and_then(|t| {
+                    if self.too_far_ahead(t) {
+                        return Err(Reject::TooFarAhead);
+                    }
+                    self.plan.key(&fields, msg.key, &mut key)?;
+                    self.plan.inputs(&fields, inputs)?;
+                    Ok(t)
+                });
+                match read {
+                    Ok(t) => self.place(idx, msg, t, &key, inputs),
+                    Err(r) => self.dead(partition, msg, r),
+                }
+            }),
+            Err(e) => self.dead(partition, msg, Reject::Syntax(e)),
         }
         self.key = key;
         self.decoder = Some(decoder);
@@ -295,12 +294,10 @@ impl Engine {
             (Ok(t), Ok(())) => Ok(t),
         };
         match read {
-            Ok(t) => {
-                let mut inputs = [Input::Skip; MAX_AGGREGATES];
-                let n = self.cfg.aggregates.len();
-                chunk.inputs(i, &mut inputs[..n]);
-                self.place(idx, &msg, t, chunk.key(i), &inputs[..n]);
-            }
+            Ok(t) => with_inputs(self.cfg.aggregates.len(), |inputs| {
+                chunk.inputs(i, inputs);
+                self.place(idx, &msg, t, chunk.key(i), inputs);
+            }),
             Err(r) => self.dead(partition, &msg, r),
         }
     }
