@@ -420,36 +420,31 @@ pub(crate) struct Stamped {
     pub text: String,
 }
 
-/// The x of arg_max/arg_min with the y that picked it and its event time (ties in y go to the
-/// earliest event time, then to the first read: panes and sessions merge in event-time order).
+/// The x of arg_max/arg_min with the y that picked it. Ties in y keep the value held: the first
+/// read within a pane or session, and where parts of a window merge (hopping panes, sessions that
+/// meet), the earlier part's in event time, so the result does not depend on how a run was cut.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ArgBest {
     pub by: f64,
-    pub t: i64,
     pub text: String,
 }
 
-/// Whether `(by, t)` beats the held best for arg_max (`max`) or arg_min.
+/// Whether `by` beats the held best for arg_max (`max`) or arg_min.
 #[inline]
-fn beats(held: Option<&ArgBest>, by: f64, t: i64, max: bool) -> bool {
-    held.is_none_or(|b| {
-        let better = if max { by > b.by } else { by < b.by };
-        better || (by == b.by && t < b.t)
-    })
+fn beats(held: Option<&ArgBest>, by: f64, max: bool) -> bool {
+    held.is_none_or(|b| if max { by > b.by } else { by < b.by })
 }
 
-fn set_best(slot: &mut Option<Box<ArgBest>>, by: f64, t: i64, text: &str) {
+fn set_best(slot: &mut Option<Box<ArgBest>>, by: f64, text: &str) {
     match slot {
         Some(b) => {
             b.by = by;
-            b.t = t;
             b.text.clear();
             b.text.push_str(text);
         }
         None => {
             *slot = Some(Box::new(ArgBest {
                 by,
-                t,
                 text: text.to_string(),
             }))
         }
@@ -506,11 +501,11 @@ impl AggState {
             (AggState::Last(l), Input::Text(s)) if l.as_ref().is_none_or(|c| t >= c.t) => {
                 set_stamped(l, t, s)
             }
-            (AggState::ArgMax(b), Input::Arg(by, x)) if beats(b.as_deref(), by, t, true) => {
-                set_best(b, by, t, x)
+            (AggState::ArgMax(b), Input::Arg(by, x)) if beats(b.as_deref(), by, true) => {
+                set_best(b, by, x)
             }
-            (AggState::ArgMin(b), Input::Arg(by, x)) if beats(b.as_deref(), by, t, false) => {
-                set_best(b, by, t, x)
+            (AggState::ArgMin(b), Input::Arg(by, x)) if beats(b.as_deref(), by, false) => {
+                set_best(b, by, x)
             }
             (AggState::Quantile(q), Input::Num(v)) => q.add(v),
             _ => {}
@@ -538,13 +533,11 @@ impl AggState {
             {
                 *a = Some(b.clone())
             }
-            (AggState::ArgMax(a), AggState::ArgMax(Some(b)))
-                if beats(a.as_deref(), b.by, b.t, true) =>
-            {
+            (AggState::ArgMax(a), AggState::ArgMax(Some(b))) if beats(a.as_deref(), b.by, true) => {
                 *a = Some(b.clone())
             }
             (AggState::ArgMin(a), AggState::ArgMin(Some(b)))
-                if beats(a.as_deref(), b.by, b.t, false) =>
+                if beats(a.as_deref(), b.by, false) =>
             {
                 *a = Some(b.clone())
             }
@@ -629,7 +622,6 @@ impl AggState {
             Some(s) => {
                 w.u8(1);
                 w.f64(s.by);
-                w.i64(s.t);
                 w.bytes(s.text.as_bytes());
             }
             None => w.u8(0),
@@ -710,7 +702,6 @@ impl AggState {
                 0 => None,
                 _ => Some(Box::new(ArgBest {
                     by: r.f64()?,
-                    t: r.i64()?,
                     text: r.string()?,
                 })),
             })
@@ -944,11 +935,11 @@ mod tests {
     }
 
     #[test]
-    fn arg_max_keeps_the_earliest_of_equal_values_also_across_merges() {
+    fn arg_max_keeps_the_first_read_of_equal_values_and_the_earlier_part_on_a_merge() {
         let mut a = AggState::new(AggFunc::ArgMax);
         let mut b = AggState::new(AggFunc::ArgMax);
         a.add(5, Input::Arg(2.0, "first"));
-        a.add(6, Input::Arg(2.0, "second, same value"));
+        a.add(4, Input::Arg(2.0, "read second, earlier event time"));
         a.add(3, Input::Arg(1.0, "smaller"));
         b.add(9, Input::Arg(2.0, "later pane, same value"));
         a.merge(&b);
