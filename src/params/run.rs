@@ -976,7 +976,7 @@ mod tests {
         );
         assert_eq!(
             err(args("t", 1000, 0, &[("aggregates", list(&["median(amount)"]))])),
-            "invalid parameter 'aggregates': unknown aggregate function 'median' (known: count, sum, avg, min, max, approx_count_distinct, first, last) (got 'median(amount)')"
+            "invalid parameter 'aggregates': unknown aggregate function 'median' (known: count, sum, avg, min, max, approx_count_distinct, approx_quantile, first, last, arg_max, arg_min) (got 'median(amount)')"
         );
         assert_eq!(
             err(args("t", 1000, 0, &[("aggregates", list(&["sum(x) AS window_start_ms"]))])),
