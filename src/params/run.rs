@@ -530,20 +530,7 @@ fn parse_keys_and_aggregates(
     };
     // Column names: DuckDB compares identifiers without case.
     let mut seen: Vec<String> = vec!["window_start_ms".into(), "window_end_ms".into()];
-    let named = keys
-        .iter()
-        .map(|k| {
-            (
-                ParamId::GroupBy,
-                k.name.as_str(),
-                format!("{} AS {}", k.path.as_str(), k.name),
-            )
-        })
-        .chain(
-            aggs.iter()
-                .map(|a| (ParamId::Aggregates, a.name.as_str(), a.shown())),
-        );
-    for (param, name, expr) in named {
+    for (param, name, expr) in named_columns(&keys, &aggs) {
         let lower = name.to_ascii_lowercase();
         if seen[..2].contains(&lower) {
             return Err(EtlError::invalid(
@@ -564,25 +551,22 @@ fn parse_keys_and_aggregates(
     Ok((keys, default_key, aggs))
 }
 
+/// The columns the key and aggregate expressions name: (parameter, column, expression).
+fn named_columns<'a>(
+    keys: &'a [KeyColumn],
+    aggs: &'a [AggSpec],
+) -> impl Iterator<Item = (ParamId, &'a str, String)> {
+    let key = |k: &'a KeyColumn| {
+        let expr = format!("{} AS {}", k.path.as_str(), k.name);
+        (ParamId::GroupBy, k.name.as_str(), expr)
+    };
+    let agg = |a: &'a AggSpec| (ParamId::Aggregates, a.name.as_str(), a.shown());
+    keys.iter().map(key).chain(aggs.iter().map(agg))
+}
+
 /// With revisions, `final`, `revision` and `retracted` are the windows table's own columns.
 fn check_revision_columns(given: &Given<'_>, engine: &EngineConfig) -> Result<()> {
-    let named = engine
-        .keys
-        .iter()
-        .map(|k| {
-            (
-                ParamId::GroupBy,
-                k.name.as_str(),
-                format!("{} AS {}", k.path.as_str(), k.name),
-            )
-        })
-        .chain(
-            engine
-                .aggregates
-                .iter()
-                .map(|a| (ParamId::Aggregates, a.name.as_str(), a.shown())),
-        );
-    for (param, name, expr) in named {
+    for (param, name, expr) in named_columns(&engine.keys, &engine.aggregates) {
         if ["final", "revision", "retracted"].contains(&name.to_ascii_lowercase().as_str()) {
             return Err(EtlError::invalid(
                 given.name(param),

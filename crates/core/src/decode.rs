@@ -776,6 +776,41 @@ const POW10: [f64; 23] = [
     1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
 ];
 
+/// Whether `s` is a decimal number as JSON writes one (what numeric_strings accepts).
+pub(crate) fn json_number(s: &[u8]) -> bool {
+    let mut i = usize::from(s.first() == Some(&b'-'));
+    let digits = |i: &mut usize| {
+        let start = *i;
+        while s.get(*i).is_some_and(u8::is_ascii_digit) {
+            *i += 1;
+        }
+        *i - start
+    };
+    match s.get(i) {
+        Some(b'0') => i += 1,
+        Some(b'1'..=b'9') => {
+            digits(&mut i);
+        }
+        _ => return false,
+    }
+    if s.get(i) == Some(&b'.') {
+        i += 1;
+        if digits(&mut i) == 0 {
+            return false;
+        }
+    }
+    if matches!(s.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(s.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        if digits(&mut i) == 0 {
+            return false;
+        }
+    }
+    i == s.len()
+}
+
 /// Parses a validated JSON number. Short decimals (at most 15 digits, no exponent) take the
 /// exact fast path: an integer below 2^53 divided by an exact power of ten is correctly rounded.
 #[inline]

@@ -12,7 +12,7 @@
 
 use std::cmp::Ordering;
 
-use crate::decode::{parse_f64, Field, FieldPath, Fields, Kind, MAX_PATHS};
+use crate::decode::{json_number, parse_f64, Field, FieldPath, Fields, Kind, MAX_PATHS};
 
 /// Parentheses nest at most this deep: the parser, the evaluator and `shown` recurse once per
 /// level, and a hostile condition must not exhaust the stack.
@@ -332,42 +332,6 @@ fn compare(v: Field<'_>, op: Op, lit: &Lit, numeric_strings: bool) -> Option<boo
         },
     };
     Some(op.holds(order))
-}
-
-/// Whether `s` is a decimal number as JSON writes one (what numeric_strings accepts; the same
-/// rule as the aggregates' inputs follow).
-fn json_number(s: &[u8]) -> bool {
-    let mut i = usize::from(s.first() == Some(&b'-'));
-    let digits = |i: &mut usize| {
-        let start = *i;
-        while s.get(*i).is_some_and(u8::is_ascii_digit) {
-            *i += 1;
-        }
-        *i - start
-    };
-    match s.get(i) {
-        Some(b'0') => i += 1,
-        Some(b'1'..=b'9') => {
-            digits(&mut i);
-        }
-        _ => return false,
-    }
-    if s.get(i) == Some(&b'.') {
-        i += 1;
-        if digits(&mut i) == 0 {
-            return false;
-        }
-    }
-    if matches!(s.get(i), Some(b'e' | b'E')) {
-        i += 1;
-        if matches!(s.get(i), Some(b'+' | b'-')) {
-            i += 1;
-        }
-        if digits(&mut i) == 0 {
-            return false;
-        }
-    }
-    i == s.len()
 }
 
 /// "at '<the condition up to the end of the problem>'", shortened from the left when long.

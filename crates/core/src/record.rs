@@ -6,7 +6,9 @@
 
 use crate::aggregate::{AggFunc, Input};
 use crate::config::{EngineConfig, MAX_AGGREGATES};
-use crate::decode::{parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind};
+use crate::decode::{
+    json_number, parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind,
+};
 use crate::filter::Filter;
 use crate::format::{Format, RecordDecoder, Schemas};
 use crate::hll::hash64;
@@ -409,41 +411,6 @@ fn wrong_kind(k: Kind) -> &'static str {
         Kind::String => "is a string, not a number",
         _ => "has the wrong type",
     }
-}
-
-/// Whether `s` is a decimal number as JSON writes one (what numeric_strings accepts).
-fn json_number(s: &[u8]) -> bool {
-    let mut i = usize::from(s.first() == Some(&b'-'));
-    let digits = |i: &mut usize| {
-        let start = *i;
-        while s.get(*i).is_some_and(u8::is_ascii_digit) {
-            *i += 1;
-        }
-        *i - start
-    };
-    match s.get(i) {
-        Some(b'0') => i += 1,
-        Some(b'1'..=b'9') => {
-            digits(&mut i);
-        }
-        _ => return false,
-    }
-    if s.get(i) == Some(&b'.') {
-        i += 1;
-        if digits(&mut i) == 0 {
-            return false;
-        }
-    }
-    if matches!(s.get(i), Some(b'e' | b'E')) {
-        i += 1;
-        if matches!(s.get(i), Some(b'+' | b'-')) {
-            i += 1;
-        }
-        if digits(&mut i) == 0 {
-            return false;
-        }
-    }
-    i == s.len()
 }
 
 #[inline]
