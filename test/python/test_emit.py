@@ -88,12 +88,7 @@ def test_killed_runs_write_the_straight_runs_rows_revisions_included(tmp_path, m
     assert kills >= 3, kills
     a, b = connect(straight), connect(killed)
     for table in ("windows", "late_events", "dead_letters"):
-        if table == "late_events":
-            cols = "* EXCLUDE (ingest_time_ms)"
-        elif table == "dead_letters":
-            cols = "* EXCLUDE (ingest_time_ms)"
-        else:
-            cols = "*"
+        cols = "*" if table == "windows" else "* EXCLUDE (ingest_time_ms)"
         q = f"SELECT {cols} FROM {table}"
         assert sorted(a.execute(q).fetchall(), key=repr) == sorted(b.execute(q).fetchall(), key=repr), table
     # Running rows were written, and the latest revision of each window is emit := 'close''s row.
@@ -113,8 +108,8 @@ def test_killed_runs_write_the_straight_runs_rows_revisions_included(tmp_path, m
             assert got[(r[0], r[2])] >= r[3]
         applied = a.execute("SELECT count(*) FROM late_events WHERE applied").fetchone()[0]
         assert applied > 0
-        total = sum(got.values()) if kind == "tumbling" else None
-        if total is not None:
+        if kind == "tumbling":
+            total = sum(got.values())
             late = a.execute("SELECT count(*) FROM late_events WHERE NOT applied").fetchone()[0]
             dead = a.execute("SELECT count(*) FROM dead_letters").fetchone()[0]
             events = sum(1 for f in (tmp_path / "in").iterdir() for _ in open(f))

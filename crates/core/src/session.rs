@@ -354,13 +354,14 @@ impl SessionStore {
                     return Err(CodecError("overlapping sessions"));
                 }
                 let states = decode_states(aggs, r)?;
-                let emitted = match (store.running, store.running.then(|| r.u8()).transpose()?) {
-                    (true, Some(1)) => Some(Emitted {
+                let emitted = if store.running && r.u8()? == 1 {
+                    Some(Emitted {
                         start: r.i64()?,
                         end: r.i64()?,
                         revision: r.i64()?,
-                    }),
-                    _ => None,
+                    })
+                } else {
+                    None
                 };
                 open.push(Session {
                     start,
