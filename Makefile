@@ -161,6 +161,7 @@ reliability: release fault tools configure $(CARGO_FUZZ) $(TANSU)
 bench: release tools configure $(NEXMARK)
 	$(CARGO) build --release -p streaming_etl_core --example engine_bench --example format_bench
 	$(PY) scripts/bench.py
+	$(PY) scripts/bench_threads.py
 	$(PY) scripts/bench_formats.py
 	$(PY) scripts/bench_emit.py
 	$(LTS_PY) scripts/group_scale.py --only commits

@@ -52,6 +52,12 @@ def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def cpu_seconds():
+    """CPU time of this process so far (every thread: user + system)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def child_run(db, topic, named, window=WINDOW, lateness=LATENESS):
     """Runs one job in this (fresh) process and prints its measurements as JSON."""
     import duckdb
@@ -59,6 +65,8 @@ def child_run(db, topic, named, window=WINDOW, lateness=LATENESS):
     con = duckdb.connect(db, config={"allow_unsigned_extensions": "true"})
     if os.environ.get("BENCH_MEMORY_LIMIT"):
         con.execute(f"SET memory_limit = '{os.environ['BENCH_MEMORY_LIMIT']}'")
+    if os.environ.get("BENCH_THREADS"):
+        con.execute(f"SET threads = {int(os.environ['BENCH_THREADS'])}")
     con.execute(f"LOAD '{EXT}'")
     args = "".join(f", {k} := {v}" for k, v in named.items())
     if os.environ.get("BENCH_TABLES_EXIST"):
@@ -69,9 +77,11 @@ def child_run(db, topic, named, window=WINDOW, lateness=LATENESS):
         open(empty, "w").close()
         con.execute(f"SELECT * FROM streaming_etl_run('file:{empty}', {window}, {lateness}{args}, job := 'create-tables')").fetchall()
     before_mb = peak_rss_mb()
+    cpu0 = cpu_seconds()
     t0 = time.perf_counter()
     rows = con.execute(f"SELECT * FROM streaming_etl_run('{topic}', {window}, {lateness}{args})").fetchall()
     elapsed = time.perf_counter() - t0
+    cpu = cpu_seconds() - cpu0
     # The run's peak, before the checks below read the tables back (a scan of every late event
     # loads all of them into DuckDB's buffer pool and would count as the run's memory).
     run_peak_mb = peak_rss_mb()
@@ -81,10 +91,13 @@ def child_run(db, topic, named, window=WINDOW, lateness=LATENESS):
     false_late = con.execute("""SELECT count(*) FROM late_events WHERE payload_json NOT LIKE '%"late":1%'""").fetchone()[0]
     out_rows = con.execute("SELECT count(*) FROM windows").fetchone()[0]
     max_event = con.execute("SELECT max(max_event_time_ms) FROM streaming_etl_checkpoint()").fetchone()[0]
+    # Whether two runs wrote the same windows (every column of every row).
+    checksum = con.execute("SELECT count(*), sum(hash(w)) FROM windows w").fetchall()[0]
     con.close()
     time.sleep(0.1)  # let the extension release the database so its file is complete
     size = sum(os.path.getsize(p) for p in (db, db + ".wal") if os.path.exists(p))
-    print(json.dumps({"stats": last, "wall_s": elapsed, "false_late": false_late, "max_event_ms": max_event, "window_rows": out_rows,
+    print(json.dumps({"stats": last, "wall_s": elapsed, "cpu_s": cpu, "false_late": false_late, "max_event_ms": max_event, "window_rows": out_rows,
+                      "windows_checksum": [str(x) for x in checksum],
                       "db_size_kb": size // 1024, "rss_before_run_mb": before_mb, "peak_rss_mb": run_peak_mb}))
 
 
@@ -96,17 +109,21 @@ def child_batch(db, pattern, explicit, window=WINDOW):
     con = duckdb.connect(db)
     if os.environ.get("BENCH_MEMORY_LIMIT"):
         con.execute(f"SET memory_limit = '{os.environ['BENCH_MEMORY_LIMIT']}'")
+    if os.environ.get("BENCH_THREADS"):
+        con.execute(f"SET threads = {int(os.environ['BENCH_THREADS'])}")
     source = (f"read_ndjson('{pattern}', columns = {{'key': 'VARCHAR', 'event_time_ms': 'BIGINT', "
               f"'payload': 'STRUCT(value DOUBLE)'}})" if explicit else f"read_ndjson('{pattern}')")
+    cpu0 = cpu_seconds()
     t0 = time.perf_counter()
     n = con.execute(f"""CREATE TABLE windows AS
         SELECT (event_time_ms // {window}) * {window} AS window_start_ms, key, count(*) AS count,
                sum(payload.value) AS sum_value, min(payload.value) AS min_value, max(payload.value) AS max_value
         FROM {source} GROUP BY ALL""").fetchone()
     elapsed = time.perf_counter() - t0
+    cpu = cpu_seconds() - cpu0
     run_peak_mb = peak_rss_mb()  # as for our runs: the query's peak, before the check below
     events = con.execute("SELECT sum(count) FROM windows").fetchone()[0]
-    print(json.dumps({"elapsed_s": elapsed, "events": int(events), "rows": n[0] if n else None,
+    print(json.dumps({"elapsed_s": elapsed, "cpu_s": cpu, "events": int(events), "rows": n[0] if n else None,
                       "peak_rss_mb": run_peak_mb}))
 
 

@@ -1,5 +1,6 @@
 //! The DuckDB sink: creates a job's tables from their declared schemas and writes a cycle's
-//! output through the extension's own connection, in one transaction, idempotently.
+//! output through the extension's own connection, in one transaction, idempotently, with the
+//! batch's marker in the same transaction (the checkpoint asks it whether a batch landed).
 //!
 //! Each table's rows go in with one `INSERT ... SELECT` from `__streaming_etl_batch` (DuckDB reads
 //! them a vector at a time; no SQL text and no call per value). `upsert` mode: rows are upserted
@@ -9,9 +10,10 @@
 //! applied again (the outbox after a crash), or one whose insert hits rows that exist (a job
 //! restarted from scratch over its old tables), is inserted with `INSERT OR REPLACE`.
 //!
-//! `append` mode (and any table the user created without a key): no index to maintain; the
-//! batch's number is written to a marker table in the same transaction, so a replay of a batch
-//! that was applied finds its marker and is skipped.
+//! Every batch's number is written to a marker table in the same transaction: a state the
+//! checkpoint holds in doubt is kept if its batch's marker is there. `append` mode (and any
+//! table the user created without a key): no index to maintain; a replay of a batch that was
+//! applied (an older checkpoint's outbox) finds its marker and is skipped.
 //!
 //! Catalogs without keys (DuckLake): `upsert` is a `MERGE` on the key columns, the marker table
 //! is appended to (never deleted from), a commit that conflicts with another writer is retried a
@@ -30,7 +32,7 @@ use crate::catalog::OutputCatalog;
 use crate::host::PooledConn;
 use crate::params::{quote_ident, Compaction, TableName, WriteMode};
 
-/// The table that records, per job, the last batch applied to tables without a primary key.
+/// The table that records, per job, the last batch applied.
 pub const MARKER_TABLE: &str = "streaming_etl_batches";
 
 /// Commits that conflict with another writer's (a DuckLake's optimistic concurrency) are tried
@@ -57,8 +59,8 @@ pub struct DuckSink {
     /// The catalog they are in (resolved at bind time).
     catalog: OutputCatalog,
     compaction: Option<Compaction>,
-    /// Per set of tables: how each takes rows, and the marker table when one has no key.
-    prepared: HashMap<Tables, (ByTable<Keys>, Option<String>)>,
+    /// Per set of tables: how each takes rows, and the marker table.
+    prepared: HashMap<Tables, (ByTable<Keys>, String)>,
 }
 
 impl DuckSink {
@@ -355,8 +357,8 @@ struct WritePlan<'a> {
     /// A table with a primary key takes the batch by appending (its rows cannot exist yet)
     /// rather than by upserting.
     append_keyed: bool,
-    /// The marker table that records the batch, when a table without a key takes part.
-    marker: Option<&'a str>,
+    /// The marker table that records the batch.
+    marker: &'a str,
     /// Whether the marker table keeps one row per job (DuckDB's storage) or is appended to.
     prune_marker: bool,
 }
@@ -388,22 +390,21 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
             };
             insert(conn, table, schema, rows, verb)?;
         }
-        if let Some(marker) = plan.marker {
-            // Batches are applied in order, each one only once the ones before it are
-            // confirmed: the job's latest marker is the only one a replay can need.
-            if plan.prune_marker {
-                conn.execute(
-                    &format!("DELETE FROM {marker} WHERE job = ?"),
-                    duckdb::params![out.job],
-                )
-                .map_err(|e| sink_error(marker, e))?;
-            }
+        let marker = plan.marker;
+        // Batches are applied in order, each one only once the ones before it are confirmed:
+        // the job's latest marker is the only one a replay or a state in doubt can need.
+        if plan.prune_marker {
             conn.execute(
-                &format!("INSERT INTO {marker} VALUES (?, ?, ?, epoch_ms(now()))"),
-                duckdb::params![out.job, out.job_created_ms, out.seq],
+                &format!("DELETE FROM {marker} WHERE job = ?"),
+                duckdb::params![out.job],
             )
             .map_err(|e| sink_error(marker, e))?;
         }
+        conn.execute(
+            &format!("INSERT INTO {marker} VALUES (?, ?, ?, epoch_ms(now()))"),
+            duckdb::params![out.job, out.job_created_ms, out.seq],
+        )
+        .map_err(|e| sink_error(marker, e))?;
         streaming_etl_runtime::fault::crash_point("sink-before-commit");
         conn.execute_batch("COMMIT")
             .map_err(|e| sink_error(&out.tables.windows, e))
@@ -569,22 +570,17 @@ impl OutputSink for DuckSink {
                 _ => Keys::None,
             };
         }
-        let marker = keys
-            .iter()
-            .any(|&k| k == Keys::None)
-            .then(|| self.marker_table(tables));
-        if let Some(m) = &marker {
-            with_retry(m, || {
-                conn.execute_batch(&format!(
-                    "CREATE TABLE IF NOT EXISTS {m} (job VARCHAR, job_created_ms BIGINT, seq BIGINT, applied_ms BIGINT)"
-                ))
-                .map_err(|e| {
-                    let _ = conn.execute_batch("ROLLBACK");
-                    sink_error(m, e)
-                })
-            })?;
-        }
-        self.prepared.insert(tables.clone(), (keys, marker));
+        let m = self.marker_table(tables);
+        with_retry(&m, || {
+            conn.execute_batch(&format!(
+                "CREATE TABLE IF NOT EXISTS {m} (job VARCHAR, job_created_ms BIGINT, seq BIGINT, applied_ms BIGINT)"
+            ))
+            .map_err(|e| {
+                let _ = conn.execute_batch("ROLLBACK");
+                sink_error(&m, e)
+            })
+        })?;
+        self.prepared.insert(tables.clone(), (keys, m));
         Ok(())
     }
 
@@ -598,7 +594,7 @@ impl OutputSink for DuckSink {
             .get(out.tables)
             .cloned()
             .ok_or_else(|| EtlError::Internal("a batch for tables not prepared".into()))?;
-        let marker = marker.as_deref();
+        let marker = marker.as_str();
         let mut plan = WritePlan {
             keys,
             append_keyed: !out.replay,
@@ -608,10 +604,8 @@ impl OutputSink for DuckSink {
         with_retry(&out.tables.windows, || {
             // A replay, or a retry after a conflict that may have landed after all: the marker
             // says whether the batch is there.
-            if let Some(m) = marker {
-                if (out.replay || !plan.append_keyed) && applied(conn, m, out)? {
-                    return Ok(());
-                }
+            if (out.replay || !plan.append_keyed) && applied(conn, marker, out)? {
+                return Ok(());
             }
             if plan.append_keyed && write_batch(conn, out, &plan).is_ok() {
                 return Ok(());
@@ -623,12 +617,48 @@ impl OutputSink for DuckSink {
             if self.catalog.is_ducklake() && out.seq % c.every == 0 {
                 // The cycle is committed: a compaction that fails (another writer compacting the
                 // same lake) is only tried again later.
-                if let Err(e) = compact(conn, &self.catalog.name, out.tables, marker, c.retain_ms) {
+                if let Err(e) = compact(
+                    conn,
+                    &self.catalog.name,
+                    out.tables,
+                    Some(marker),
+                    c.retain_ms,
+                ) {
                     eprintln!("streaming_etl: {e} (tried again in {} cycles)", c.every);
                 }
             }
         }
         Ok(())
+    }
+
+    fn landed(
+        &mut self,
+        tables: &Tables,
+        job: &str,
+        job_created_ms: i64,
+        seq: i64,
+    ) -> Result<bool> {
+        let conn = self.conn.conn()?;
+        let marker = self.marker_table(tables);
+        // A marker table that is not there (the tables were dropped or renamed) has no marker.
+        let exists = conn
+            .prepare(&format!("SELECT 1 FROM {marker} LIMIT 0"))
+            .is_ok();
+        if !exists {
+            return Ok(false);
+        }
+        conn.query_row(
+            &format!(
+                "SELECT coalesce(max(seq), -1) FROM {marker} WHERE job = ? AND job_created_ms = ?"
+            ),
+            duckdb::params![job, job_created_ms],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|latest| latest >= seq)
+        .map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            sink_error(&marker, e)
+        })
     }
 }
 

@@ -579,6 +579,16 @@ fn check_revision_columns(given: &Given<'_>, engine: &EngineConfig) -> Result<()
 }
 
 /// Parses and checks the arguments of `streaming_etl_run`.
+/// Threads a run may use: DuckDB's `threads` as the run starts (its cores when unreadable).
+fn run_threads(args: &dyn Args) -> usize {
+    /// More threads than this only add overhead (shards, queues), whatever DuckDB allows.
+    const MAX_RUN_THREADS: i64 = 256;
+    match args.setting("threads") {
+        Some(Arg::Int(n)) if n >= 1 => n.min(MAX_RUN_THREADS) as usize,
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    }
+}
+
 pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let (topic, source) = parse_topic(args)?;
     let window_ms = required_int("window_ms", args.positional(1))?;
@@ -706,6 +716,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         follow: given.boolean(ParamId::Follow)?.unwrap_or(false),
         rolling,
         quiet_flush_ms: given.positive(ParamId::QuietFlushMs)?,
+        threads: run_threads(args),
     };
     let kafka = parse_kafka(&given, args, &job, is_kafka)?;
     match &source {

@@ -177,7 +177,7 @@ pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::TimeZone, "time_zone", ParamType::Varchar, "none", "`iso8601`: the zone (`UTC`, IANA name) of times without `Z` or offset; else they are dead letters"),
     param(ParamId::NumericStrings, "numeric_strings", ParamType::Boolean, "false", "a value given as a decimal string (`\"19.90\"`) counts as that number"),
     param(ParamId::MaxFutureMs, "max_future_ms", ParamType::BigInt, "none", "an event more than this far ahead of the wall clock is a dead letter"),
-    param(ParamId::WriteMode, "write_mode", ParamType::Varchar, "`upsert`", "`upsert` (keyed tables, rows upserted) or `append` (no keys; a replay is skipped by its marker in `streaming_etl_batches`)"),
+    param(ParamId::WriteMode, "write_mode", ParamType::Varchar, "`upsert`", "`upsert` (keyed tables, rows upserted) or `append` (no keys: no index to maintain, faster)"),
     param(ParamId::WindowsTable, "windows_table", ParamType::Varchar, "`windows`", "output table of windows (may be `[catalog.]schema.table`)"),
     param(ParamId::LateTable, "late_table", ParamType::Varchar, "`late_events` beside it", "output table of late events"),
     param(ParamId::DeadLetterTable, "dead_letter_table", ParamType::Varchar, "`dead_letters` beside it", "output table of rejected messages"),

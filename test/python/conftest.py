@@ -2,8 +2,10 @@
 Kafka brokers (librdkafka's mock cluster and tansu, one of each per test module) and a PostgreSQL
 server for DuckLake catalogs (per module)."""
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import duckdb
 import pytest
@@ -31,6 +33,22 @@ def run_child(*args, env=None, timeout=120):
     e.update(env or {})
     return subprocess.run([sys.executable, os.path.join(HERE, "run_job.py"), *map(str, args)],
                           capture_output=True, text=True, env=e, timeout=timeout)
+
+
+def kill_once(args, rng, delay_s, env=None, kill=True):
+    """Starts run_job.py with `args` and SIGKILLs it at a random instant up to `delay_s` (a
+    number, or a (low, high) pair) after it has loaded, unless it finished first or `kill` is
+    false. Returns (whether it was killed, its stdout)."""
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "run_job.py"), *map(str, args), "--announce"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, **(env or {})))
+    p.stdout.readline()  # "loaded": the process is up, the run is starting
+    low, high = delay_s if isinstance(delay_s, tuple) else (0, delay_s)
+    time.sleep(rng.uniform(low, high))
+    if kill and p.poll() is None:
+        p.send_signal(signal.SIGKILL)
+    out, err = p.communicate()
+    assert p.returncode in (0, -signal.SIGKILL), err.decode()[-2000:]
+    return p.returncode == -signal.SIGKILL, out
 
 
 def cli_binary():

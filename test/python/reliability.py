@@ -21,8 +21,8 @@ import time
 import duckdb
 
 from brokers import MockBroker, produce
-from conftest import EXT, FAULT_EXT, HERE, ROOT, connect
-from datagen import generate_sql, scan
+from conftest import EXT, FAULT_EXT, HERE, ROOT, connect, kill_once
+from datagen import generate_sql
 
 WINDOW, LATENESS = 1000, 200
 CHILD = os.path.join(HERE, "run_job.py")
@@ -93,29 +93,25 @@ def finish(db, topic, *named):
     return con
 
 
-def kill_loop(db, topic, named, kills_wanted, max_delay_s, rng, env=None):
+def kill_loop(db, topic, named, kills_wanted, max_delay_s, rng, env=None, threads=None):
     """Starts the job in a child process again and again, SIGKILLing it at a random instant
-    after it has loaded, until it finishes on its own. Returns the number of kills."""
+    after it has loaded, until it finishes on its own. `threads`: DuckDB's `threads` of each
+    start, drawn from these. Returns the number of kills."""
     kills = 0
-    e = dict(os.environ, **(env or {}))
     for _ in range(kills_wanted * 4 + 20):
-        p = subprocess.Popen([sys.executable, CHILD, db, topic, str(WINDOW), str(LATENESS), *named, "--announce"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e)
-        p.stdout.readline()  # "loaded": the process is up, the run is starting
-        time.sleep(rng.uniform(0, max_delay_s))
-        if p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-            kills += 1
-        out, err = p.communicate()
-        assert p.returncode in (0, -signal.SIGKILL), err.decode()[-2000:]
-        if p.returncode == 0 and b"caught_up" in out:
+        e = dict(env or {})
+        if threads:
+            e["STREAMING_ETL_THREADS"] = str(rng.choice(threads))
+        killed, out = kill_once([db, topic, WINDOW, LATENESS, *named], rng, max_delay_s, env=e)
+        kills += killed
+        if not killed and b"caught_up" in out:
             return kills, True
     return kills, False
 
 
 # --- crashes ---------------------------------------------------------------------------------
 
-def kill_rounds(d, topic, named, kills_wanted, max_delay_s, ref, messages, seed):
+def kill_rounds(d, topic, named, kills_wanted, max_delay_s, ref, messages, seed, threads=None):
     """Kill loops over fresh databases until `kills_wanted` kills have landed, each round then
     finished and checked exactly against `ref`. Returns (kills, rounds, last checkpoint)."""
     rng = random.Random(seed)
@@ -124,7 +120,7 @@ def kill_rounds(d, topic, named, kills_wanted, max_delay_s, ref, messages, seed)
     while kills < kills_wanted:
         db = os.path.join(d, f"killed-{rounds}.duckdb")
         landed, _ = kill_loop(db, topic, [n.replace(" := ", "=") for n in named] + ["checkpoint_interval_ms=5"],
-                              kills_wanted, max_delay_s, rng)
+                              kills_wanted, max_delay_s, rng, threads=threads)
         lost, doubled, exact = compare(finish(db, topic, *named), ref, messages)
         assert exact, (lost, doubled)
         kills += landed
@@ -133,18 +129,27 @@ def kill_rounds(d, topic, named, kills_wanted, max_delay_s, ref, messages, seed)
     return kills, rounds, ckpt
 
 
-def kill_files(scale):
+def kill_files(scale, threads=None):
+    """SIGKILLs a job over files at random instants until it has read them all. `threads`: each
+    start of the job under a DuckDB `threads` drawn from these (the checkpoint of one thread
+    count resumes under any other)."""
     messages, kills_wanted = (200_000, 10) if scale == "short" else (1_000_000, 50)
-    d = workdir("killf")
+    d = workdir("killt" if threads else "killf")
     try:
-        paths = generate_sql(duckdb.connect(), os.path.join(d, "data"), messages, partitions=4, late_pct=5, bad_permille=2)
+        generate_sql(duckdb.connect(), os.path.join(d, "data"), messages, partitions=4, late_pct=5, bad_permille=2)
         topic = f"file:{d}/data/*.ndjson"
         ref = straight(d, topic)
-        kills, rounds, ckpt = kill_rounds(d, topic, [], kills_wanted, 0.06, ref, messages, seed=1)
-        return row("SIGKILL at random instants (files)", kills, messages, 0, 0, True, ckpt,
-                   f"{rounds} job(s) of {messages} messages")
+        kills, rounds, ckpt = kill_rounds(d, topic, [], kills_wanted, 0.06, ref, messages, seed=3 if threads else 1,
+                                          threads=threads)
+        scenario = ("SIGKILL at random instants, each start under another DuckDB threads (1-4)" if threads
+                    else "SIGKILL at random instants (files)")
+        return row(scenario, kills, messages, 0, 0, True, ckpt, f"{rounds} job(s) of {messages} messages")
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def kill_threads(scale):
+    return kill_files(scale, threads=[1, 2, 3, 4])
 
 
 def kill_kafka(scale):
@@ -166,14 +171,14 @@ def kill_kafka(scale):
 
 
 def kill_points(scale):
-    """Kills inside the SQLite commit, inside the DuckDB transaction, and between DuckDB's commit
-    and clearing the outbox, at several cycles each, in both write modes (upsert: the replay
-    overwrites itself; append: the replay finds its marker)."""
+    """Kills inside the SQLite commit, inside the DuckDB transaction, and right after DuckDB's
+    commit (the state in doubt: the next run finds the batch's marker), at several cycles each,
+    in both write modes."""
     messages = 60_000 if scale == "short" else 300_000
     cycles = [2, 5] if scale == "short" else [1, 2, 3, 5, 8, 13]
     d = workdir("points")
     try:
-        paths = generate_sql(duckdb.connect(), os.path.join(d, "data"), messages, partitions=3, late_pct=5, bad_permille=2)
+        generate_sql(duckdb.connect(), os.path.join(d, "data"), messages, partitions=3, late_pct=5, bad_permille=2)
         topic = f"file:{d}/data/*.ndjson"
         ref = straight(d, topic)
         faults = 0
@@ -192,7 +197,7 @@ def kill_points(scale):
                     con = finish(db, topic, f"write_mode := '{mode}'")
                     lost, doubled, exact = compare(con, ref, messages)
                     assert exact, (mode, point, n, lost, doubled)
-        return row("kill in SQLite commit / DuckDB txn / before outbox clear (upsert and append)", faults, messages, 0, 0,
+        return row("kill in SQLite commit / DuckDB txn / after DuckDB's commit (upsert and append)", faults, messages, 0, 0,
                    True, ckpt, f"points x cycles {cycles} x 2 write modes")
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -593,16 +598,8 @@ def kill_while_writing(name, layout, topic, named, scale, broker=None):
         w.start()
         kills = 0
         while w.is_alive():
-            p = subprocess.Popen([sys.executable, CHILD, db, topic, str(WINDOW), str(LATENESS), *named,
-                                  "checkpoint_interval_ms=50", "--announce"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            p.stdout.readline()
-            time.sleep(rng.uniform(0.05, 0.8))
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                kills += 1
-            _, err = p.communicate()
-            assert p.returncode in (0, -signal.SIGKILL), err.decode()[-2000:]
+            killed, _ = kill_once([db, topic, WINDOW, LATENESS, *named, "checkpoint_interval_ms=50"], rng, (0.05, 0.8))
+            kills += killed
         w.join()
         assert w.error is None, w.error
         bounded = [n.replace("=", " := ", 1) for n in named if not n.startswith("follow")]
@@ -639,5 +636,5 @@ def kill_hourly(scale):
                               "file:{data}/events-*.ndjson", ["files='rolling'", "follow=true"], scale)
 
 
-SCENARIOS = [kill_files, kill_kafka, kill_points, kill_follow_files, kill_follow_kafka, kill_rotation, kill_hourly,
+SCENARIOS = [kill_files, kill_threads, kill_kafka, kill_points, kill_follow_files, kill_follow_kafka, kill_rotation, kill_hourly,
              broker_faults, hostile_input, fuzz_decoder, hostile_state, forced_panic]

@@ -6,7 +6,7 @@ Prints each result row as a JSON line; the last one is the run's totals.
 
 Environment: STREAMING_ETL_EXTENSION (the file to load), STREAMING_ETL_EXTENSION_DIRECTORY
 (DuckDB's extension_directory, where LOAD ducklake finds DuckLake), STREAMING_ETL_SETUP (SQL run
-after loading, e.g. LOAD ducklake; ATTACH ...).
+after loading, e.g. LOAD ducklake; ATTACH ...), STREAMING_ETL_THREADS (DuckDB's `threads`).
 """
 import json
 import os
@@ -29,6 +29,8 @@ def main():
         config["extension_directory"] = os.environ["STREAMING_ETL_EXTENSION_DIRECTORY"]
     con = duckdb.connect(db, config=config)
     con.execute(f"LOAD '{EXT}'")
+    if os.environ.get("STREAMING_ETL_THREADS"):
+        con.execute(f"SET threads = {int(os.environ['STREAMING_ETL_THREADS'])}")
     if os.environ.get("STREAMING_ETL_SETUP"):
         con.execute(os.environ["STREAMING_ETL_SETUP"])
     if announce:

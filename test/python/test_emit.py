@@ -4,16 +4,11 @@ final rows are the ones `emit := 'close'` writes; approx_quantile stays within 1
 quantile_cont; filtered aggregates and arg_max/arg_min equal DuckDB's own over the same events."""
 import json
 import math
-import os
 import random
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-from conftest import HERE, connect
+from conftest import connect, kill_once
 from test_windows import random_orders, write_parts
 
 AGGS = ["count(*) AS orders", "sum(amount) AS revenue", "approx_quantile(amount, [0.5, 0.9]) AS q",
@@ -39,9 +34,11 @@ def table_rows(con, table):
 
 def run_pieces(db, topic, args, step, kill_rng=None):
     """Runs the job in pieces of `step` messages (each piece one cycle), then a flush run. With
-    `kill_rng`, each piece runs in its own process, SIGKILLed at a random instant and run again
-    until it finishes. Returns the kills that landed."""
+    `kill_rng`, each piece runs in its own process, SIGKILLed at a random instant of its first
+    attempt (a piece takes a few milliseconds once loaded) and run again until it finishes.
+    Returns the kills that landed."""
     kills = 0
+    retry = False
     pieces = {**args, "max_messages": step, "checkpoint_interval_ms": 600_000}
     for _ in range(10_000):
         if kill_rng is None:
@@ -50,17 +47,10 @@ def run_pieces(db, topic, args, step, kill_rng=None):
             con.close()
         else:
             named = [f"{k}={quote(v)}" for k, v in pieces.items()]
-            p = subprocess.Popen([sys.executable, os.path.join(HERE, "run_job.py"), str(db), topic, "1000", "300",
-                                  *named, "--announce"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            p.stdout.readline()
-            time.sleep(kill_rng.uniform(0, 0.08))
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-            out, err = p.communicate()
-            if p.returncode == -signal.SIGKILL:
+            retry, out = kill_once([db, topic, 1000, 300, *named], kill_rng, 0.03, kill=not retry)
+            if retry:
                 kills += 1
                 continue
-            assert p.returncode == 0, err.decode()[-2000:]
             status = json.loads(out.decode().strip().splitlines()[-1])["status"]
         if status == "caught_up":
             break
@@ -73,7 +63,7 @@ def run_pieces(db, topic, args, step, kill_rng=None):
 @pytest.mark.parametrize("mode,kind", [("append", "tumbling"), ("upsert", "hopping"), ("append", "session"),
                                        ("upsert", "session")])
 def test_killed_runs_write_the_straight_runs_rows_revisions_included(tmp_path, mode, kind):
-    rng = random.Random(hash((mode, kind)) & 0xffff)
+    rng = random.Random(f"{mode}-{kind}")
     topic = write_parts(tmp_path / "in", random_orders(rng, 3, per_part=1500))
     args = {"time_field": "ts", "group_by": ["region"], "aggregates": AGGS, "emit": "update", "write_mode": mode}
     if kind == "hopping":

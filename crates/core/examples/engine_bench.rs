@@ -1,13 +1,15 @@
 //! The event-time core alone (file source → decode → watermarks → windows), without DuckDB or
 //! SQLite: how fast the hot path is, for profiling (`perf record target/release/examples/engine_bench`).
 //!
-//! usage: engine_bench <glob> [window_ms] [lateness_ms] [hop_ms]
+//! usage: engine_bench <glob> [window_ms] [lateness_ms] [hop_ms]; STREAMING_ETL_THREADS=n for
+//! n threads (default 1)
 
 use std::time::{Duration, Instant};
 
 use streaming_etl_core::{
     read_cycle, Batch, CycleLimits, Engine, EngineConfig, FieldPath, FileOptions, FileSource,
-    PartitionClock, PartitionProgress, ReadState, Restored, Source, Stop, TimeSpec, NO_WATERMARK,
+    PartitionClock, PartitionProgress, Pool, ReadState, Restored, Source, Stop, TimeSpec,
+    NO_WATERMARK,
 };
 
 fn main() {
@@ -54,23 +56,20 @@ fn main() {
         partitions,
         open_windows: None,
     };
-    let mut engine = match Engine::new(&cfg, restored, 0, "bench") {
+    // STREAMING_ETL_THREADS=n: run on n threads (as DuckDB's `threads` sets a run's).
+    let threads: usize = std::env::var("STREAMING_ETL_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let pool = std::sync::Arc::new(Pool::new(threads));
+    let mut engine = match Engine::with_pool(&cfg, restored, 0, "bench", pool) {
         Ok(e) => e,
         Err(e) => {
             eprintln!("{e}");
             std::process::exit(1);
         }
     };
-    // STREAMING_ETL_DECODE_THREADS=n: parse ahead of the merge on n threads (0: one at a time).
-    let threads: usize = std::env::var("STREAMING_ETL_DECODE_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let mut state = if threads > 0 {
-        ReadState::decode_ahead(source.partitions().len(), &cfg, threads)
-    } else {
-        ReadState::new(source.partitions().len())
-    };
+    let mut state = ReadState::new(source.partitions().len());
     let mut batch = Batch::empty(&cfg.schemas());
     let (mut windows, mut late, mut dead) = (0usize, 0usize, 0usize);
     let start = Instant::now();
@@ -90,7 +89,10 @@ fn main() {
                 eprintln!("{e}");
                 std::process::exit(1)
             });
-        engine.take_output(&mut batch);
+        if let Err(e) = engine.take_output(&mut batch) {
+            eprintln!("{e}");
+            std::process::exit(1)
+        }
         windows += batch.windows.len();
         late += batch.late.len();
         dead += batch.dead.len();

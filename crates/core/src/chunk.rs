@@ -1,49 +1,118 @@
-//! A chunk: up to a thousand messages of one partition, copied off the source into flat
-//! buffers and then parsed (event time, key, aggregate inputs) by a decode worker, so the
-//! event-time merge applies them without touching the source again.
+//! A chunk: up to a thousand or so messages of one partition, copied off the source into flat
+//! buffers (or, for lines of a file, read straight into one as a block), then parsed (event
+//! time, key and its hash, aggregate inputs) by whichever thread of the run is free, so the
+//! event-time merge and the window shards apply them without touching the source again.
+
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::aggregate::Input;
+use crate::message::Message;
 use crate::record::Reject;
-use crate::source::Message;
+
+/// Chunks kept for reuse beyond this many are freed.
+const MAX_SPARE: usize = 256;
+
+/// Chunks no longer in use, kept so that a new one reuses their buffers.
+#[derive(Default)]
+pub(crate) struct Spare(Mutex<Vec<Chunk>>);
+
+impl Spare {
+    pub(crate) fn take(&self) -> Chunk {
+        let mut c = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+            .unwrap_or_default();
+        c.clear();
+        c
+    }
+
+    pub(crate) fn give(&self, c: Chunk) {
+        let mut spare = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if spare.len() < MAX_SPARE {
+            spare.push(c);
+        }
+    }
+}
+
+/// A parsed chunk shared by the merge and the window shards' work; it goes back to the spare
+/// chunks when the last of them lets go.
+pub(crate) struct Lent {
+    pub(crate) chunk: Chunk,
+    home: Arc<Spare>,
+}
+
+impl Lent {
+    pub(crate) fn new(chunk: Chunk, home: Arc<Spare>) -> Lent {
+        Lent { chunk, home }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.home.give(std::mem::take(&mut self.chunk));
+    }
+}
 
 /// An aggregate input as parsed, owned by its chunk (text as a range of the chunk's arena).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum OwnedInput {
     Skip,
     Num(f64),
-    Text(usize, usize),
+    Text(u32, u32),
     Hash(u64),
-    Arg(f64, usize, usize),
+    Arg(f64, u32, u32),
     Present,
 }
 
-/// Messages of one partition, as read and then as parsed. Reused from run to run of the pool.
+/// Why a message of a chunk is a dead letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rejected {
+    /// Before its time was known.
+    Time(Reject),
+    /// Its time was read; its key or an input rejects it.
+    Rest(Reject),
+}
+
+/// A message's `status` when it parsed.
+pub(crate) const PARSED: u32 = u32::MAX;
+
+/// Messages of one partition, as read and then as parsed. Reused from chunk to chunk.
 #[derive(Default)]
-pub(crate) struct Chunk {
+pub struct Chunk {
+    /// The partition's index in the source, and its number.
     pub(crate) idx: usize,
-    pub(crate) seq: u64,
+    pub(crate) partition: i32,
     pub(crate) offsets: Vec<i64>,
     pub(crate) next_offsets: Vec<i64>,
     pub(crate) timestamps: Vec<Option<i64>>,
     pub(crate) schemas: Vec<Option<u32>>,
+    /// The messages' bytes; `used` of them are valid (a block read keeps the buffer's length).
     pub(crate) payload: Vec<u8>,
-    pub(crate) payload_ends: Vec<usize>,
+    pub(crate) used: usize,
+    /// Per message: where its bytes are in `payload`.
+    pub(crate) spans: Vec<(usize, usize)>,
     /// Kafka message keys (None: the message had none).
     pub(crate) msg_keys: Vec<u8>,
-    pub(crate) msg_key_ends: Vec<Option<usize>>,
-    /// The event time, or why the message is a dead letter before its time is known.
-    pub(crate) time: Vec<std::result::Result<i64, Reject>>,
-    /// Why the key or an input rejects the message (checked after the time, as one at a time).
-    pub(crate) rest: Vec<std::result::Result<(), Reject>>,
+    pub(crate) msg_key_spans: Vec<Option<(usize, usize)>>,
+    /// A block of lines not split yet: the stream offset of its first byte, and whether its
+    /// last line ends without a newline (the end of a compressed stream).
+    pub(crate) block: Option<(i64, bool)>,
+    /// The event time (of a message that parsed).
+    pub(crate) time: Vec<i64>,
+    /// Per message: whether it parsed; else the place of its reason in `rejects`.
+    pub(crate) status: Vec<u32>,
+    /// Why messages are dead letters: the time's reason, or the key's or an input's (checked
+    /// after the time, as one at a time) with the time it had.
+    pub(crate) rejects: Vec<Rejected>,
     pub(crate) keys: Vec<u8>,
     pub(crate) key_ends: Vec<usize>,
+    /// The hash of each key (which window shard takes it; the panes' tables reuse it).
+    pub(crate) hashes: Vec<u64>,
     pub(crate) inputs: Vec<OwnedInput>,
     pub(crate) texts: Vec<u8>,
     pub(crate) n_inputs: usize,
-    /// The next message the merge applies.
-    pub(crate) pos: usize,
-    /// The worker that parsed it panicked.
-    pub(crate) failed: bool,
 }
 
 impl Chunk {
@@ -52,58 +121,109 @@ impl Chunk {
         self.next_offsets.clear();
         self.timestamps.clear();
         self.schemas.clear();
-        self.payload.clear();
-        self.payload_ends.clear();
+        if self.block.is_none() {
+            self.payload.clear();
+        }
+        self.used = 0;
+        self.spans.clear();
         self.msg_keys.clear();
-        self.msg_key_ends.clear();
+        self.msg_key_spans.clear();
+        self.block = None;
         self.time.clear();
-        self.rest.clear();
+        self.status.clear();
+        self.rejects.clear();
         self.keys.clear();
         self.key_ends.clear();
+        self.hashes.clear();
         self.inputs.clear();
         self.texts.clear();
-        self.pos = 0;
-        self.failed = false;
     }
 
     pub(crate) fn len(&self) -> usize {
         self.offsets.len()
     }
 
-    pub(crate) fn push(&mut self, m: &Message<'_>) {
+    /// Bytes of messages held.
+    pub fn bytes(&self) -> usize {
+        self.used
+    }
+
+    /// Messages held.
+    pub fn messages(&self) -> usize {
+        self.len()
+    }
+
+    /// Appends a message as the source delivered it.
+    pub fn push(&mut self, m: &Message<'_>) {
+        self.payload.truncate(self.used);
         self.offsets.push(m.offset);
         self.next_offsets.push(m.next_offset);
         self.timestamps.push(m.timestamp);
         self.schemas.push(m.schema);
+        let start = self.payload.len();
         self.payload.extend_from_slice(m.payload);
-        self.payload_ends.push(self.payload.len());
-        self.msg_key_ends.push(m.key.map(|k| {
+        self.used = self.payload.len();
+        self.spans.push((start, self.used));
+        self.msg_key_spans.push(m.key.map(|k| {
+            let at = self.msg_keys.len();
             self.msg_keys.extend_from_slice(k);
-            self.msg_keys.len()
+            (at, self.msg_keys.len())
         }));
     }
 
-    pub(crate) fn span(ends: &[usize], i: usize) -> (usize, usize) {
-        (if i == 0 { 0 } else { ends[i - 1] }, ends[i])
+    /// The buffer a block of lines is read into, at least `min` bytes long, and the bytes of it
+    /// already used (a block is read in several pieces).
+    pub(crate) fn block_buffer(&mut self, min: usize) -> (&mut [u8], usize) {
+        if self.payload.len() < min {
+            // Zeroed once: the buffer keeps its length from block to block.
+            self.payload.resize(min, 0);
+        }
+        (&mut self.payload, self.used)
+    }
+
+    /// Marks `used` bytes of the block buffer as lines starting at stream offset `base`;
+    /// `open_end`: the last one has no newline and is complete (a finished compressed stream).
+    pub(crate) fn set_block(&mut self, used: usize, base: i64, open_end: bool) {
+        self.used = used;
+        self.block = Some((base, open_end));
+    }
+
+    /// Splits a block into its lines (each without its newline), as messages.
+    pub(crate) fn split_lines(&mut self) {
+        let Some((base, open_end)) = self.block else {
+            return;
+        };
+        let bytes = &self.payload[..self.used];
+        let mut at = 0;
+        for nl in memchr::memchr_iter(b'\n', bytes) {
+            self.spans.push((at, nl));
+            self.offsets.push(base + at as i64);
+            self.next_offsets.push(base + nl as i64 + 1);
+            at = nl + 1;
+        }
+        if open_end && at < bytes.len() {
+            self.spans.push((at, bytes.len()));
+            self.offsets.push(base + at as i64);
+            self.next_offsets.push(base + bytes.len() as i64);
+        }
+        let n = self.spans.len();
+        self.timestamps.resize(n, None);
+        self.schemas.resize(n, None);
+        self.msg_key_spans.resize(n, None);
     }
 
     fn payload(&self, i: usize) -> &[u8] {
-        let (a, b) = Chunk::span(&self.payload_ends, i);
+        let (a, b) = self.spans[i];
         &self.payload[a..b]
     }
 
     fn msg_key(&self, i: usize) -> Option<&[u8]> {
-        let end = self.msg_key_ends[i]?;
-        let start = self.msg_key_ends[..i]
-            .iter()
-            .rev()
-            .find_map(|e| *e)
-            .unwrap_or(0);
-        Some(&self.msg_keys[start..end])
+        let (a, b) = self.msg_key_spans[i]?;
+        Some(&self.msg_keys[a..b])
     }
 
     /// The message at `i` as the source delivered it.
-    pub fn message(&self, i: usize) -> Message<'_> {
+    pub(crate) fn message(&self, i: usize) -> Message<'_> {
         Message {
             offset: self.offsets[i],
             next_offset: self.next_offsets[i],
@@ -114,41 +234,75 @@ impl Chunk {
         }
     }
 
-    /// What message `i` parsed to: its time (or the reason it has none), and the reason its key
-    /// or inputs reject it, if any.
-    pub(crate) fn parsed(
-        &self,
-        i: usize,
-    ) -> (
-        std::result::Result<i64, Reject>,
-        std::result::Result<(), Reject>,
-    ) {
-        (self.time[i], self.rest[i])
+    /// What message `i` parsed to: its event time, or why it is a dead letter.
+    #[inline]
+    pub(crate) fn parsed(&self, i: usize) -> std::result::Result<i64, Rejected> {
+        match self.status[i] {
+            PARSED => Ok(self.time[i]),
+            at => Err(self.rejects[at as usize]),
+        }
     }
 
-    pub fn key(&self, i: usize) -> &[u8] {
-        let (a, b) = Chunk::span(&self.key_ends, i);
-        &self.keys[a..b]
+    pub(crate) fn key(&self, i: usize) -> &[u8] {
+        let a = if i == 0 { 0 } else { self.key_ends[i - 1] };
+        &self.keys[a..self.key_ends[i]]
     }
 
     /// Message `i`'s aggregate inputs into `out`.
     pub(crate) fn inputs<'a>(&'a self, i: usize, out: &mut [Input<'a>]) {
         let n = self.n_inputs;
+        let text = |a: u32, b: u32| {
+            // The decoder checked the message is UTF-8.
+            std::str::from_utf8(&self.texts[a as usize..b as usize]).unwrap_or_default()
+        };
         for (k, o) in self.inputs[i * n..(i + 1) * n].iter().enumerate() {
             out[k] = match *o {
                 OwnedInput::Skip => Input::Skip,
                 OwnedInput::Num(v) => Input::Num(v),
-                // The decoder checked the message is UTF-8.
-                OwnedInput::Text(a, b) => {
-                    Input::Text(std::str::from_utf8(&self.texts[a..b]).unwrap_or_default())
-                }
+                OwnedInput::Text(a, b) => Input::Text(text(a, b)),
                 OwnedInput::Hash(h) => Input::Hash(h),
-                OwnedInput::Arg(by, a, b) => Input::Arg(
-                    by,
-                    std::str::from_utf8(&self.texts[a..b]).unwrap_or_default(),
-                ),
+                OwnedInput::Arg(by, a, b) => Input::Arg(by, text(a, b)),
                 OwnedInput::Present => Input::Present,
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_splits_into_lines_with_their_offsets() {
+        let mut c = Chunk::default();
+        let data = b"{\"a\":1}\n\n{\"b\":2}\r\ntail";
+        let (buf, used) = c.block_buffer(64);
+        assert_eq!(used, 0);
+        buf[..data.len()].copy_from_slice(data);
+        c.set_block(data.len(), 100, false);
+        c.split_lines();
+        let got: Vec<(i64, i64, &[u8])> = (0..c.len())
+            .map(|i| {
+                let m = c.message(i);
+                (m.offset, m.next_offset, m.payload)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (100, 108, &b"{\"a\":1}"[..]),
+                (108, 109, &b""[..]),
+                (109, 118, &b"{\"b\":2}\r"[..]),
+            ]
+        );
+        // The end of a compressed stream: its last line counts without a newline.
+        c.clear();
+        let (buf, _) = c.block_buffer(8);
+        buf[..5].copy_from_slice(b"x\nyz\n");
+        c.set_block(4, 0, true);
+        c.split_lines();
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.message(1).payload, b"yz");
+        assert_eq!((c.message(1).offset, c.message(1).next_offset), (2, 4));
     }
 }

@@ -17,6 +17,18 @@ pub(crate) const MAX_PATHS: usize = 64;
 pub struct FieldPath {
     text: String,
     segments: Vec<Box<[u8]>>,
+    /// Each segment's first 8 bytes (see [`prefix8`]), compared before the segment itself.
+    prefixes: Vec<u64>,
+}
+
+/// The first 8 bytes of `s` as a number (zeros past its end): two names of one length whose
+/// numbers differ differ, without a call to compare them.
+#[inline]
+fn prefix8(s: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    let n = s.len().min(8);
+    a[..n].copy_from_slice(&s[..n]);
+    u64::from_le_bytes(a)
 }
 
 impl FieldPath {
@@ -25,9 +37,11 @@ impl FieldPath {
         if text.is_empty() || text.split('.').any(str::is_empty) {
             return None;
         }
+        let segments: Vec<Box<[u8]>> = text.split('.').map(|s| s.as_bytes().into()).collect();
         Some(FieldPath {
             text: text.to_string(),
-            segments: text.split('.').map(|s| s.as_bytes().into()).collect(),
+            prefixes: segments.iter().map(|s| prefix8(s)).collect(),
+            segments,
         })
     }
 
@@ -442,11 +456,17 @@ impl Parser<'_, '_> {
         };
         let (mut leaf, mut deeper) = (0u64, 0u64);
         let mut bits = active;
+        let prefix = prefix8(raw);
         while bits != 0 {
             let f = bits.trailing_zeros() as usize;
             bits &= bits - 1;
             let path = &self.paths[f];
-            if path.segments.get(depth).is_some_and(|s| &s[..] == raw) {
+            let same = path.segments.get(depth).is_some_and(|s| {
+                s.len() == raw.len()
+                    && path.prefixes[depth] == prefix
+                    && (s.len() <= 8 || s[8..] == raw[8..])
+            });
+            if same {
                 if depth + 1 == path.segments.len() {
                     leaf |= 1 << f;
                 } else {

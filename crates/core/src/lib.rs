@@ -4,9 +4,10 @@
 //! DuckDB, Kafka or SQLite; those are adapters in the other crates of the workspace.
 //!
 //! The modules stack without a loop, each using only those above it:
-//! `codec`, `error`, `tables`, `time`, `decode`, `rows`, `hll`, `sketch`, `filter` → `format`,
-//! `state`, `aggregate` → `config` → `record`, `chunk` → `emit` → `window`, `session`,
-//! `watermark`, `source` → `engine` → `prefetch` → `pipeline`. They are private; what the other crates use is re-exported here.
+//! `codec`, `error`, `message`, `tables`, `time`, `decode`, `rows`, `hll`, `sketch`, `filter` → `format`,
+//! `state`, `aggregate` → `config` → `record`, `chunk`, `pool` → `emit` → `window`, `session`,
+//! `watermark`, `source` → `parse`, `shard` → `engine` → `prefetch` → `pipeline`. They are
+//! private; what the other crates use is re-exported here.
 #![forbid(unsafe_code)]
 
 mod aggregate;
@@ -20,11 +21,15 @@ mod error;
 mod filter;
 mod format;
 mod hll;
+mod message;
+mod parse;
 mod pipeline;
+mod pool;
 mod prefetch;
 mod record;
 mod rows;
 mod session;
+mod shard;
 mod sketch;
 mod source;
 mod state;
@@ -34,6 +39,7 @@ mod watermark;
 mod window;
 
 pub use aggregate::{split_alias, AggSpec};
+pub use chunk::Chunk;
 pub use codec::CodecError;
 pub use config::{
     Emit, EngineConfig, JobSettings, KeyColumn, TimeSpec, WindowKind, DEFAULT_KEY_FIELD,
@@ -44,6 +50,7 @@ pub use engine::{Counters, Engine, PartitionProgress, Restored};
 pub use error::{EtlError, Result};
 pub use format::{Format, RecordDecoder, RegisteredSchema, SchemaCache, SchemaType, Schemas};
 pub use pipeline::{read_cycle, reported_watermark, CycleLimits, ReadState, Stop};
+pub use pool::{Actor, Pool};
 pub use rows::{Cell, ColumnType, OwnedCell, RowCursor, Rows, TableSchema};
 pub use source::file::{FileOptions, FileSource};
 pub use source::glob::{fixed_prefix, glob, lexical_absolute, PathPolicy};

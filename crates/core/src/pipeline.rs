@@ -6,15 +6,16 @@
 //! windows close as early as they can, and it makes the order a function of the data and the
 //! checkpointed state alone: a run that is stopped or killed and resumed processes the same
 //! messages in the same order as a straight run, and so classifies the same events as late.
-//! (Half of the file is its tests: order, resume, parsing ahead.)
+//! Messages are read and parsed ahead in chunks on the run's threads (`prefetch`); the merge
+//! itself is one thread's, in this order. (Half of the file is its tests: order, resume,
+//! threads.)
 
 use std::time::{Duration, Instant};
 
-use crate::config::EngineConfig;
 use crate::engine::{Engine, PartitionProgress};
 use crate::error::Result;
-use crate::prefetch::DecodeAhead;
-use crate::source::{Message, Pull, Source};
+use crate::prefetch::ReadAhead;
+use crate::source::{Pull, Source};
 use crate::watermark::NO_WATERMARK;
 
 /// Why reading stopped.
@@ -82,92 +83,30 @@ pub struct ReadState {
     pub exhausted: Vec<bool>,
     /// When the source was last asked for new partitions.
     last_discover: Instant,
-    /// Messages read and parsed ahead of the merge on other threads (None: one at a time).
-    ahead: Option<DecodeAhead>,
-    /// Parsing ahead to start once the messages read one at a time turn out to be wide.
-    when_wide: Option<(EngineConfig, usize)>,
-    /// Messages read one at a time, and their payload bytes.
-    serial_messages: u64,
-    serial_bytes: u64,
+    /// Chunks read and parsed ahead of the merge.
+    ahead: ReadAhead,
 }
 
-/// Mean message size from which parsing ahead on one spare core pays: measured on two cores
-/// (docs/benchmarks.md), it was no faster on 70-byte events (the merge and DuckDB's writes keep
-/// the second core busy) and up to 1.9x faster on 290-byte Nexmark bids (parsing is most of
-/// the work).
-const WIDE_MESSAGE_BYTES: u64 = 160;
-/// Messages read before the mean size is judged.
-const WIDE_SAMPLE_MESSAGES: u64 = 4096;
-
 impl ReadState {
-    /// Reads one message at a time, on the calling thread.
     pub fn new(partitions: usize) -> ReadState {
         ReadState {
             exhausted: vec![false; partitions],
             last_discover: Instant::now(),
-            ahead: None,
-            when_wide: None,
-            serial_messages: 0,
-            serial_bytes: 0,
-        }
-    }
-
-    /// Reads one message at a time until the messages turn out to be wide (see
-    /// [`WIDE_MESSAGE_BYTES`]), then parses ahead on `workers` threads.
-    pub fn decode_ahead_when_wide(
-        partitions: usize,
-        cfg: &EngineConfig,
-        workers: usize,
-    ) -> ReadState {
-        ReadState {
-            when_wide: (workers > 0).then(|| (cfg.clone(), workers)),
-            ..ReadState::new(partitions)
-        }
-    }
-
-    /// Whether parsing ahead runs (it may have started part-way).
-    #[cfg(test)]
-    pub(crate) fn decoding_ahead(&self) -> bool {
-        self.ahead.is_some()
-    }
-
-    /// Counts messages read one at a time; starts parsing ahead once they are wide. Nothing is
-    /// buffered when reading one at a time, so switching between two pulls changes nothing but
-    /// which thread parses.
-    fn read_serially(&mut self, messages: u64, bytes: u64) {
-        self.serial_messages += messages;
-        self.serial_bytes += bytes;
-        if self.serial_messages < WIDE_SAMPLE_MESSAGES {
-            return;
-        }
-        if let Some((cfg, workers)) = self.when_wide.take() {
-            if self.serial_bytes >= WIDE_MESSAGE_BYTES * self.serial_messages {
-                self.ahead = DecodeAhead::start(&cfg, workers);
-            }
-        }
-    }
-
-    /// Parses messages ahead of the merge on `workers` threads (see `prefetch`); one at a time
-    /// when no thread can be started.
-    pub fn decode_ahead(partitions: usize, cfg: &EngineConfig, workers: usize) -> ReadState {
-        ReadState {
-            ahead: DecodeAhead::start(cfg, workers),
-            ..ReadState::new(partitions)
+            ahead: ReadAhead::default(),
         }
     }
 
     /// Whether the source's own position in the partition (see `Source::position`) is where
     /// the engine stands: nothing it delivered is still waiting to be applied.
     pub fn drained(&self, idx: usize) -> bool {
-        self.ahead.as_ref().is_none_or(|a| a.drained(idx))
+        self.ahead.drained(idx)
     }
 
-    /// A continuous run looks at every partition again after a wait.
-    fn look_again(&mut self) {
+    /// Every partition may have more: the next read asks the source again (a continuous run
+    /// after a wait).
+    pub fn look_again(&mut self) {
         self.exhausted.fill(false);
-        if let Some(a) = self.ahead.as_mut() {
-            a.look_again();
-        }
+        self.ahead.look_again();
     }
 
     /// Continuous runs: asks the source for new partitions when it is time to.
@@ -234,56 +173,23 @@ fn discover(
     Ok(())
 }
 
-/// The read loop's counters, checked after every message.
-struct Step {
-    delivered: bool,
-    remaining: u64,
-    cycle_left: u64,
-    since_clock: u32,
-    stop: Option<Stop>,
-}
-
-impl Step {
-    /// After a message of the partition at `idx`: whether the partition may deliver another
-    /// one now (the cycle and the run go on, and no other partition comes first).
-    #[inline(always)]
-    fn after(
-        &mut self,
-        engine: &mut Engine,
-        idx: usize,
-        second: Option<(i64, usize)>,
-        limits: &CycleLimits,
-        wall_ms: &dyn Fn() -> i64,
-    ) -> bool {
-        self.delivered = true;
-        self.remaining -= 1;
-        self.cycle_left = self.cycle_left.saturating_sub(1);
-        self.since_clock += 1;
-        if self.since_clock >= CLOCK_EVERY {
-            self.since_clock = 0;
-            self.stop = limits.deadline_passed(Instant::now());
-            if self.stop.is_some() {
-                return false;
-            }
-            engine.set_now(wall_ms());
-        }
-        if self.remaining == 0 {
-            return false;
-        }
-        if self.cycle_left == 0 {
-            self.stop = Some(Stop::CycleEnd);
-            return false;
-        }
-        if engine.pending_side_rows() >= limits.max_pending_rows {
-            self.stop = Some(Stop::CycleEnd);
-            return false;
-        }
-        second.is_none_or(|s| engine.order_key(idx) < s)
-    }
-}
-
-/// Reads from the source into the engine until the cycle or the run is over.
+/// Reads from the source into the engine until the cycle or the run is over. Then every
+/// event read has been placed (the engine's counts are the run's).
 pub fn read_cycle(
+    engine: &mut Engine,
+    source: &mut dyn Source,
+    state: &mut ReadState,
+    limits: &CycleLimits,
+    wall_ms: &dyn Fn() -> i64,
+) -> Result<Stop> {
+    let stop = read(engine, source, state, limits, wall_ms);
+    let placed = engine.settle();
+    let stop = stop?;
+    placed?;
+    Ok(stop)
+}
+
+fn read(
     engine: &mut Engine,
     source: &mut dyn Source,
     state: &mut ReadState,
@@ -325,12 +231,12 @@ pub fn read_cycle(
             }
             engine.set_now(wall_ms());
             if let Some(q) = limits.quiet_flush_ms {
-                engine.flush_if_quiet(q);
+                engine.flush_if_quiet(q)?;
             }
             if !limits.follow {
                 return Ok(Stop::CaughtUp);
             }
-            if engine.closed_windows_waiting() {
+            if engine.closed_windows_waiting()? {
                 // Caught up with windows just closed: committed now, not at the cycle's end
                 // (a window's row is visible within moments of the watermark passing it).
                 return Ok(Stop::CycleEnd);
@@ -344,41 +250,44 @@ pub fn read_cycle(
             state.look_again();
             continue;
         };
-        let mut step = Step {
-            delivered: false,
-            remaining,
-            cycle_left,
-            since_clock,
-            stop: None,
-        };
-        let pulled = match state.ahead.as_mut() {
-            Some(ahead) => ahead.deliver(idx, source, engine, &mut |engine: &mut Engine| {
-                step.after(engine, idx, second, limits, wall_ms)
-            })?,
-            None => {
-                let (mut first, mut messages, mut bytes) = (true, 0u64, 0u64);
-                let pulled = source.pull(idx, &mut |msg: &Message<'_>| {
-                    if first {
-                        engine.delivered(idx);
-                        first = false;
-                    }
-                    messages += 1;
-                    bytes += msg.payload.len() as u64;
-                    engine.process(idx, msg);
-                    step.after(engine, idx, second, limits, wall_ms)
-                })?;
-                state.read_serially(messages, bytes);
-                pulled
-            }
-        };
-        (remaining, cycle_left, since_clock) = (step.remaining, step.cycle_left, step.since_clock);
-        let (stop, delivered) = (step.stop, step.delivered);
+        // The partition goes on until another comes first, or until this many messages, after
+        // which the limits and the clock are looked at.
+        let budget = remaining
+            .min(cycle_left)
+            .min(u64::from(CLOCK_EVERY - since_clock));
+        let (pulled, merged) =
+            state
+                .ahead
+                .deliver(idx, source, engine, budget.max(1) as usize, second)?;
+        let merged_u64 = merged as u64;
+        remaining -= merged_u64.min(remaining);
+        cycle_left = cycle_left.saturating_sub(merged_u64);
+        since_clock += merged as u32;
+        let delivered = merged > 0;
         if pulled == Pull::Exhausted {
             state.exhausted[idx] = true;
             absorb_gaps(engine, source);
             if limits.rolling {
                 release_followed(engine, source, &state.exhausted);
             }
+        }
+        let mut stop = None;
+        if since_clock >= CLOCK_EVERY {
+            since_clock = 0;
+            stop = limits.deadline_passed(Instant::now());
+            if engine.failed() {
+                // A worker thread failed: the cycle ends, and with it the run.
+                stop = Some(Stop::CycleEnd);
+            }
+            if stop.is_none() {
+                engine.set_now(wall_ms());
+            }
+        }
+        if stop.is_none()
+            && remaining > 0
+            && (cycle_left == 0 || engine.pending_side_rows() >= limits.max_pending_rows)
+        {
+            stop = Some(Stop::CycleEnd);
         }
         if let Some(s) = stop {
             return Ok(s);
@@ -408,11 +317,15 @@ pub fn reported_watermark(ms: i64) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::EngineConfig;
     use crate::engine::Restored;
+    use crate::pool::Pool;
     use crate::rows::OwnedCell;
     use crate::source::memory::MemorySource;
+    use crate::source::Message;
     use crate::state::Batch;
     use crate::watermark::PartitionClock;
+    use std::sync::Arc;
 
     fn config(window: i64, lateness: i64) -> EngineConfig {
         EngineConfig::for_tests(window, lateness)
@@ -422,20 +335,30 @@ mod tests {
         format!(r#"{{"key":"{key}","event_time_ms":{t},"payload":{{"value":{v}}}}}"#)
     }
 
-    fn engine(parts: usize, window: i64, lateness: i64) -> Engine {
-        let progress: Vec<_> = (0..parts)
-            .map(|i| PartitionProgress {
-                partition: i as i32,
-                next_offset: 0,
-                clock: PartitionClock::new(None, 0),
-            })
-            .collect();
-        let restored = Restored {
+    /// A new job's state: `parts` partitions, nothing read yet.
+    fn from_the_start(parts: usize) -> Restored {
+        Restored {
             floor_ms: NO_WATERMARK,
-            partitions: progress,
+            partitions: (0..parts)
+                .map(|i| PartitionProgress {
+                    partition: i as i32,
+                    next_offset: 0,
+                    clock: PartitionClock::new(None, 0),
+                })
+                .collect(),
             open_windows: None,
-        };
-        Engine::new(&config(window, lateness), restored, 0, "t").unwrap()
+        }
+    }
+
+    fn engine(parts: usize, window: i64, lateness: i64) -> Engine {
+        Engine::new(&config(window, lateness), from_the_start(parts), 0, "t").unwrap()
+    }
+
+    /// The output gathered so far (taken: a second call starts afresh).
+    fn output(eng: &mut Engine) -> Batch {
+        let mut b = Batch::empty(&eng.cfg().schemas());
+        eng.take_output(&mut b).unwrap();
+        b
     }
 
     fn i64_of(c: &OwnedCell) -> i64 {
@@ -473,44 +396,34 @@ mod tests {
     /// engine's own progress (as a new run from a checkpoint would); returns sorted windows,
     /// late (partition, offset) pairs and the dead count.
     fn run(data: &[Vec<String>], stop_every: u64, flush: bool) -> (Windows, Vec<(i32, i64)>, u64) {
-        run_with(data, stop_every, flush, Ahead::No)
+        run_with(data, stop_every, flush, 1)
     }
 
-    #[derive(Clone, Copy, Debug)]
-    enum Ahead {
-        No,
-        Yes,
-        WhenWide,
-    }
-
-    /// As `run`, reading one message at a time or decoding ahead on worker threads.
+    /// As `run`, on `threads` threads (as many window shards).
     fn run_with(
         data: &[Vec<String>],
         stop_every: u64,
         flush: bool,
-        ahead: Ahead,
+        threads: usize,
     ) -> (Windows, Vec<(i32, i64)>, u64) {
-        let mut eng = engine(data.len(), 1000, 200);
+        let pool = Arc::new(Pool::new(threads));
+        let fresh = |restored| {
+            Engine::with_pool(&config(1000, 200), restored, 0, "t", Arc::clone(&pool)).unwrap()
+        };
+        let mut eng = fresh(from_the_start(data.len()));
         let mut windows = Vec::new();
         let mut late = Vec::new();
         let mut dead = 0;
         loop {
             let starts: Vec<i64> = eng.progress().iter().map(|p| p.next_offset).collect();
             let mut src = MemorySource::new(data.to_vec(), &starts);
-            let mut state = match ahead {
-                Ahead::No => ReadState::new(data.len()),
-                Ahead::Yes => ReadState::decode_ahead(data.len(), &config(1000, 200), 2),
-                Ahead::WhenWide => {
-                    ReadState::decode_ahead_when_wide(data.len(), &config(1000, 200), 1)
-                }
-            };
+            let mut state = ReadState::new(data.len());
             let stop =
                 read_cycle(&mut eng, &mut src, &mut state, &limits(stop_every), &|| 0).unwrap();
             if stop == Stop::CaughtUp && flush {
-                eng.flush();
+                eng.flush().unwrap();
             }
-            let mut b = Batch::empty(&config(1000, 200).schemas());
-            eng.take_output(&mut b);
+            let b = output(&mut eng);
             windows.extend(b.windows.to_vec().iter().map(|w| {
                 let sum = match w[4] {
                     OwnedCell::F64(v) => Some(v),
@@ -530,20 +443,14 @@ mod tests {
             }
             // Resume like a restart: rebuild the engine from its checkpointable state.
             let mut open = Vec::new();
-            eng.encode_open_windows(&mut open);
+            eng.encode_open_windows(&mut open).unwrap();
             let progress = eng.progress();
             let floor = eng.watermark_ms();
-            eng = Engine::new(
-                &config(1000, 200),
-                Restored {
-                    floor_ms: floor,
-                    partitions: progress,
-                    open_windows: Some(open),
-                },
-                0,
-                "t",
-            )
-            .unwrap();
+            eng = fresh(Restored {
+                floor_ms: floor,
+                partitions: progress,
+                open_windows: Some(open),
+            });
         }
         windows.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         late.sort();
@@ -562,7 +469,7 @@ mod tests {
         let mut state = ReadState::new(2);
         state.exhausted[1] = true;
         read_cycle(&mut eng, &mut src, &mut state, &limits(u64::MAX), &|| 0).unwrap();
-        assert_eq!(eng.output().windows.len(), 0);
+        assert_eq!(output(&mut eng).windows.len(), 0);
         let mut src = MemorySource::new(vec![p0, p1], &[50, 0]);
         let mut state = ReadState::new(2);
         read_cycle(&mut eng, &mut src, &mut state, &limits(u64::MAX), &|| 0).unwrap();
@@ -588,7 +495,7 @@ mod tests {
             &|| 0,
         )
         .unwrap();
-        let out = eng.output();
+        let out = output(&mut eng);
         let late = out.late.to_vec();
         assert_eq!(late.len(), 1);
         let l: Vec<i64> = [1, 4, 5, 6, 9]
@@ -640,8 +547,7 @@ mod tests {
             &|| 0,
         )
         .unwrap();
-        let reasons: Vec<_> = eng
-            .output()
+        let reasons: Vec<_> = output(&mut eng)
             .dead
             .to_vec()
             .iter()
@@ -671,8 +577,8 @@ mod tests {
             &|| 0,
         )
         .unwrap();
-        eng.flush();
-        assert_eq!(eng.output().windows.len(), 2);
+        eng.flush().unwrap();
+        assert_eq!(output(&mut eng).windows.len(), 2);
         assert_eq!(eng.watermark_ms(), 3000);
         assert_eq!(eng.open_windows(), 0);
     }
@@ -725,54 +631,28 @@ mod tests {
     }
 
     #[test]
-    fn decoding_ahead_equals_reading_one_at_a_time() {
-        // Several chunks per partition, and the merge switching partitions inside chunks.
-        let data = skewed_data_of(3000);
+    fn every_thread_count_gives_the_same_windows_late_events_and_resume() {
+        // Several chunks per partition, the merge switching partitions inside chunks, and
+        // many keys, so every shard has some.
+        let data: Vec<Vec<String>> = skewed_data_of(3000)
+            .into_iter()
+            .map(|p| {
+                p.into_iter()
+                    .enumerate()
+                    .map(|(i, l)| l.replace("\"key\":\"k", &format!("\"key\":\"{}k", i % 37)))
+                    .collect()
+            })
+            .collect();
         let straight = run(&data, u64::MAX, true);
         assert!(!straight.1.is_empty() && straight.2 > 0);
-        for every in [u64::MAX, 997, 4096] {
-            assert_eq!(
-                run_with(&data, every, true, Ahead::Yes),
-                straight,
-                "decoding ahead, stopping every {every} messages"
-            );
-        }
-    }
-
-    /// The events of `skewed_data_of`, each padded to about `bytes` bytes.
-    fn padded(data: Vec<Vec<String>>, bytes: usize) -> Vec<Vec<String>> {
-        let pad = |l: String| match l.strip_suffix('}') {
-            Some(body) if l.len() < bytes => {
-                let fill = "x".repeat(bytes - l.len());
-                format!("{body},\"pad\":\"{fill}\"}}")
+        for threads in [2, 3, 4] {
+            for every in [u64::MAX, 997, 4096] {
+                assert_eq!(
+                    run_with(&data, every, true, threads),
+                    straight,
+                    "{threads} threads, stopping every {every} messages"
+                );
             }
-            _ => l,
-        };
-        data.into_iter()
-            .map(|p| p.into_iter().map(pad).collect())
-            .collect()
-    }
-
-    #[test]
-    fn parsing_ahead_starts_part_way_on_wide_messages_and_changes_nothing() {
-        let wide = padded(skewed_data_of(3000), 300);
-        let straight = run(&wide, u64::MAX, true);
-        for every in [u64::MAX, 997, 5000] {
-            assert_eq!(
-                run_with(&wide, every, true, Ahead::WhenWide),
-                straight,
-                "stopping every {every} messages"
-            );
-        }
-        // Whether it started: wide messages switch after the sample, narrow ones never.
-        for (data, switches) in [(wide, true), (skewed_data_of(3000), false)] {
-            let mut eng = engine(data.len(), 1000, 200);
-            let mut src = MemorySource::new(data.clone(), &[0; 4]);
-            let mut state = ReadState::decode_ahead_when_wide(data.len(), &config(1000, 200), 1);
-            assert!(!state.decoding_ahead());
-            read_cycle(&mut eng, &mut src, &mut state, &limits(u64::MAX), &|| 0).unwrap();
-            assert_eq!(state.decoding_ahead(), switches);
-            assert_eq!(eng.counters().events_consumed, 12_000);
         }
     }
 
@@ -802,9 +682,10 @@ mod tests {
                 schema: None,
             },
         );
-        eng.flush();
-        assert_eq!(str_of(&eng.output().windows.to_vec()[0][2]), "from-kafka");
-        assert_eq!(eng.output().dead.len(), 1);
+        eng.flush().unwrap();
+        let out = output(&mut eng);
+        assert_eq!(str_of(&out.windows.to_vec()[0][2]), "from-kafka");
+        assert_eq!(out.dead.len(), 1);
     }
 
     /// Runs `cfg` over `data` in cycles of `every` messages, flushing at the end; `resume`:
@@ -816,18 +697,20 @@ mod tests {
         every: u64,
         resume: bool,
     ) -> (Vec<Vec<OwnedCell>>, Vec<Vec<OwnedCell>>) {
-        let fresh = |restored| Engine::new(cfg, restored, 0, "t").unwrap();
-        let mut eng = fresh(Restored {
-            floor_ms: NO_WATERMARK,
-            partitions: (0..data.len())
-                .map(|i| PartitionProgress {
-                    partition: i as i32,
-                    next_offset: 0,
-                    clock: PartitionClock::new(None, 0),
-                })
-                .collect(),
-            open_windows: None,
-        });
+        cycles_on(cfg, data, every, resume, 1)
+    }
+
+    /// As `cycles`, on `threads` threads.
+    fn cycles_on(
+        cfg: &EngineConfig,
+        data: &[Vec<String>],
+        every: u64,
+        resume: bool,
+        threads: usize,
+    ) -> (Vec<Vec<OwnedCell>>, Vec<Vec<OwnedCell>>) {
+        let pool = Arc::new(Pool::new(threads));
+        let fresh = |restored| Engine::with_pool(cfg, restored, 0, "t", Arc::clone(&pool)).unwrap();
+        let mut eng = fresh(from_the_start(data.len()));
         let (mut windows, mut late) = (Vec::new(), Vec::new());
         loop {
             let starts: Vec<i64> = eng.progress().iter().map(|p| p.next_offset).collect();
@@ -835,10 +718,9 @@ mod tests {
             let mut state = ReadState::new(data.len());
             let stop = read_cycle(&mut eng, &mut src, &mut state, &limits(every), &|| 0).unwrap();
             if stop == Stop::CaughtUp {
-                eng.flush();
+                eng.flush().unwrap();
             }
-            let mut b = Batch::empty(&cfg.schemas());
-            eng.take_output(&mut b);
+            let b = output(&mut eng);
             b.check().unwrap();
             windows.extend(b.windows.to_vec());
             late.extend(b.late.to_vec());
@@ -847,7 +729,7 @@ mod tests {
             }
             if resume {
                 let mut open = Vec::new();
-                eng.encode_open_windows(&mut open);
+                eng.encode_open_windows(&mut open).unwrap();
                 eng = fresh(Restored {
                     floor_ms: eng.watermark_ms(),
                     partitions: eng.progress(),
@@ -963,5 +845,97 @@ mod tests {
                 assert_eq!(counted as usize + not_applied + dead, 1200);
             }
         }
+    }
+
+    fn sorted(mut rows: Vec<Vec<OwnedCell>>) -> Vec<Vec<OwnedCell>> {
+        rows.sort_by_cached_key(|r| format!("{r:?}"));
+        rows
+    }
+
+    #[test]
+    fn window_kinds_revisions_and_order_sensitive_aggregates_agree_across_threads() {
+        use crate::aggregate::AggSpec;
+        use crate::config::{Emit, WindowKind};
+        let data = skewed_data_of(600);
+        let aggs = [
+            "count(*)",
+            "first(key) AS f",
+            "last(key) AS l",
+            "arg_max(key, payload.value) AS am",
+            "approx_count_distinct(payload.value) AS d",
+            "approx_quantile(payload.value, 0.5) AS q",
+        ];
+        let kinds = [
+            WindowKind::Tumbling,
+            WindowKind::Hopping { hop_ms: 250 },
+            WindowKind::Session,
+        ];
+        for window in kinds {
+            for (emit, late_updates) in [
+                (Emit::Close, None),
+                (Emit::Update, None),
+                (Emit::Close, Some(2500)),
+            ] {
+                if window == WindowKind::Session && late_updates.is_some() {
+                    continue;
+                }
+                let mut cfg = config(1000, 200);
+                cfg.window = window;
+                cfg.emit = emit;
+                cfg.late_updates_ms = late_updates;
+                cfg.aggregates = aggs.iter().map(|a| AggSpec::parse(a).unwrap()).collect();
+                let one = cycles_on(&cfg, &data, 173, true, 1);
+                assert!(!one.0.is_empty() && !one.1.is_empty());
+                for threads in [2, 4] {
+                    for resume in [false, true] {
+                        let many = cycles_on(&cfg, &data, 173, resume, threads);
+                        assert_eq!(
+                            (sorted(many.0), sorted(many.1)),
+                            (sorted(one.0.clone()), sorted(one.1.clone())),
+                            "{window:?} {emit:?} {late_updates:?}: {threads} threads, resumed {resume}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_of_one_thread_count_resumes_under_another() {
+        let data = skewed_data_of(800);
+        let cfg = config(1000, 200);
+        let straight = sorted(cycles(&cfg, &data, u64::MAX, false).0);
+        // Cycles alternate between 1, 3 and 2 threads, each resuming the last one's checkpoint.
+        let mut restored = from_the_start(data.len());
+        let mut windows = Vec::new();
+        for threads in [1, 3, 2].into_iter().cycle() {
+            let pool = Arc::new(Pool::new(threads));
+            let mut eng = Engine::with_pool(&cfg, restored, 0, "t", pool).unwrap();
+            let starts: Vec<i64> = eng.progress().iter().map(|p| p.next_offset).collect();
+            let mut src = MemorySource::new(data.clone(), &starts);
+            let stop = read_cycle(
+                &mut eng,
+                &mut src,
+                &mut ReadState::new(4),
+                &limits(301),
+                &|| 0,
+            )
+            .unwrap();
+            if stop == Stop::CaughtUp {
+                eng.flush().unwrap();
+            }
+            windows.extend(output(&mut eng).windows.to_vec());
+            if stop == Stop::CaughtUp {
+                break;
+            }
+            let mut open = Vec::new();
+            eng.encode_open_windows(&mut open).unwrap();
+            restored = Restored {
+                floor_ms: eng.watermark_ms(),
+                partitions: eng.progress(),
+                open_windows: Some(open),
+            };
+        }
+        assert_eq!(sorted(windows), straight);
     }
 }

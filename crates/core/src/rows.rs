@@ -250,6 +250,20 @@ impl Rows {
         }
     }
 
+    /// Appends the rows of `other` (of the same types) and empties it.
+    pub(crate) fn take_from(&mut self, other: &mut Rows) {
+        if self.error.is_none() {
+            if other.types != self.types {
+                self.error = Some("rows of another table appended".into());
+            } else {
+                self.error = other.error.take();
+            }
+        }
+        self.buf.extend_from_slice(&other.buf);
+        self.len += other.len;
+        other.clear();
+    }
+
     /// Appends a row given as cells.
     pub fn push(&mut self, cells: &[Cell<'_>]) {
         let mut w = self.row();

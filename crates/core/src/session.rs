@@ -288,16 +288,26 @@ impl SessionStore {
         last
     }
 
+    #[cfg(test)]
     pub(crate) fn encode(&self, w: &mut Writer<'_>) {
-        let live: Vec<&(Box<[u8]>, KeySessions)> = self
-            .index
-            .values()
-            .map(|&s| &self.keys[s])
-            .collect::<Vec<_>>();
-        let mut live = live;
-        live.sort_by(|a, b| a.0.cmp(&b.0));
+        SessionStore::encode_all(&[self], w);
+    }
+
+    /// The sessions of several stores that split a job's keys between them (window shards),
+    /// in the form of one store: every live key, in key order.
+    pub(crate) fn encode_all(stores: &[&SessionStore], w: &mut Writer<'_>) {
+        // Each live key with its sessions, and whether its store writes running rows.
+        let mut live: Vec<(&[u8], &KeySessions, bool)> = stores
+            .iter()
+            .flat_map(|st| {
+                st.index
+                    .values()
+                    .map(|&s| (&st.keys[s].0[..], &st.keys[s].1, st.running))
+            })
+            .collect();
+        live.sort_by(|a, b| a.0.cmp(b.0));
         w.u64(live.len() as u64);
-        for (key, k) in live {
+        for (key, k, running) in live {
             w.bytes(key);
             match k.written_end {
                 Some(e) => {
@@ -311,7 +321,7 @@ impl SessionStore {
                 w.i64(s.start);
                 w.i64(s.last);
                 encode_states(&s.states, w);
-                if self.running {
+                if running {
                     match s.emitted {
                         Some(e) => {
                             w.u8(1);
@@ -328,15 +338,32 @@ impl SessionStore {
 
     /// Restores a store encoded by [`SessionStore::encode`] into `store` (a new one, tracking
     /// as the job does).
+    #[cfg(test)]
     pub(crate) fn decode(
         store: SessionStore,
         aggs: &[AggSpec],
         r: &mut Reader<'_>,
     ) -> Result<SessionStore, CodecError> {
-        let mut store = store;
-        let gap_ms = store.gap_ms;
+        let mut stores = [store];
+        SessionStore::decode_into(&mut stores, &|_| 0, aggs, r)?;
+        let [store] = stores;
+        Ok(store)
+    }
+
+    /// Restores what [`SessionStore::encode_all`] wrote into `stores` (new ones), each key into
+    /// the store `route` names.
+    pub(crate) fn decode_into(
+        stores: &mut [SessionStore],
+        route: &dyn Fn(&[u8]) -> usize,
+        aggs: &[AggSpec],
+        r: &mut Reader<'_>,
+    ) -> Result<(), CodecError> {
         for _ in 0..r.count()? {
             let key = r.bytes()?;
+            let store = stores
+                .get_mut(route(key))
+                .ok_or(CodecError("no store for a key"))?;
+            let gap_ms = store.gap_ms;
             let slot = store.slot(key);
             let written_end = match r.u8()? {
                 0 => None,
@@ -388,7 +415,7 @@ impl SessionStore {
                 listed: false,
             };
         }
-        Ok(store)
+        Ok(())
     }
 }
 

@@ -25,6 +25,71 @@ pub struct PartitionState {
     pub status: String,
 }
 
+/// Version of a partition list's stored form.
+const PARTITIONS_FORMAT: u8 = 1;
+
+impl PartitionState {
+    /// The stored form of a job's partitions (the checkpoint keeps it with the state it belongs
+    /// to, so a state not yet confirmed can be dropped together with its positions).
+    pub fn encode_list(parts: &[PartitionState], out: &mut Vec<u8>) {
+        let mut w = crate::codec::Writer(out);
+        w.u8(PARTITIONS_FORMAT);
+        w.u64(parts.len() as u64);
+        for p in parts {
+            w.i64(i64::from(p.partition));
+            w.bytes(p.name.as_bytes());
+            w.bytes(p.identity.as_bytes());
+            w.i64(p.next_offset);
+            opt_i64(&mut w, p.max_event_time_ms);
+            w.i64(p.last_delivery_ms);
+            opt_i64(&mut w, p.end_offset);
+            w.bytes(p.status.as_bytes());
+        }
+    }
+
+    /// Reads what [`PartitionState::encode_list`] wrote.
+    pub fn decode_list(data: &[u8]) -> Result<Vec<PartitionState>, CodecError> {
+        let mut r = Reader { b: data, i: 0 };
+        if r.u8()? != PARTITIONS_FORMAT {
+            return Err(CodecError("unknown partition list format"));
+        }
+        let n = r.count()?;
+        let mut parts = Vec::with_capacity(n.min(1 << 16));
+        for _ in 0..n {
+            parts.push(PartitionState {
+                partition: r.i32()?,
+                name: r.string()?,
+                identity: r.string()?,
+                next_offset: r.i64()?,
+                max_event_time_ms: read_opt_i64(&mut r)?,
+                last_delivery_ms: r.i64()?,
+                end_offset: read_opt_i64(&mut r)?,
+                status: r.string()?,
+            });
+        }
+        r.end()?;
+        Ok(parts)
+    }
+}
+
+fn opt_i64(w: &mut crate::codec::Writer<'_>, v: Option<i64>) {
+    match v {
+        Some(v) => {
+            w.u8(1);
+            w.i64(v);
+        }
+        None => w.u8(0),
+    }
+}
+
+fn read_opt_i64(r: &mut Reader<'_>) -> Result<Option<i64>, CodecError> {
+    match r.u8()? {
+        0 => Ok(None),
+        1 => r.i64().map(Some),
+        _ => Err(CodecError("bad optional value")),
+    }
+}
+
 /// The shapes of a job's three output tables.
 pub type OutputSchemas = ByTable<TableSchema>;
 
@@ -240,6 +305,41 @@ pub(crate) mod legacy {
 mod tests {
     use super::*;
     use crate::rows::{Cell, OwnedCell};
+
+    #[test]
+    fn partition_lists_round_trip_and_damage_is_an_error() {
+        let parts = vec![
+            PartitionState {
+                partition: 3,
+                name: "/d/a.ndjson".into(),
+                identity: "1:2/3/ab".into(),
+                next_offset: 99,
+                max_event_time_ms: Some(-5),
+                last_delivery_ms: 7,
+                end_offset: None,
+                status: "released".into(),
+            },
+            PartitionState {
+                partition: 0,
+                name: String::new(),
+                identity: String::new(),
+                next_offset: 0,
+                max_event_time_ms: None,
+                last_delivery_ms: 0,
+                end_offset: Some(12),
+                status: String::new(),
+            },
+        ];
+        let mut out = Vec::new();
+        PartitionState::encode_list(&parts, &mut out);
+        assert_eq!(PartitionState::decode_list(&out).unwrap(), parts);
+        for cut in 0..out.len() {
+            assert!(
+                PartitionState::decode_list(&out[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+    }
 
     fn schemas() -> OutputSchemas {
         OutputSchemas::for_windows(legacy::default_windows_schema())

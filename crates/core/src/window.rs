@@ -87,7 +87,9 @@ struct Pane {
     any_dirty: bool,
 }
 
-fn hash_key(key: &[u8]) -> u64 {
+/// The hash of a key: the panes' tables use it, and it says which window shard has the key.
+#[inline]
+pub(crate) fn hash_key(key: &[u8]) -> u64 {
     let mut h = FxHasher::default();
     h.write(key);
     h.finish()
@@ -138,8 +140,7 @@ impl Pane {
     /// The entry of `key`, a new one (with states for `aggs`) when the pane has none; whether
     /// the entry is new.
     #[inline]
-    fn entry(&mut self, key: &[u8], aggs: &[AggSpec]) -> (usize, bool) {
-        let hash = hash_key(key);
+    fn entry(&mut self, key: &[u8], hash: u64, aggs: &[AggSpec]) -> (usize, bool) {
         match self.find(hash, key) {
             Some(i) => (i, false),
             None => (self.push(hash, key, fresh_states(aggs)), true),
@@ -192,9 +193,7 @@ impl Pane {
         self.any_dirty = false;
     }
 
-    fn encode(&self, start: i64, w: &mut Writer<'_>) {
-        w.i64(start);
-        w.u64(self.len() as u64);
+    fn encode_entries(&self, w: &mut Writer<'_>) {
         for i in 0..self.len() {
             w.bytes(self.key(i));
             encode_states(self.states(i), w);
@@ -295,15 +294,28 @@ impl PaneStore {
     }
 
     /// Adds an event (not late) to its pane. Allocates only when a pane's vectors must grow.
-    #[inline]
+    #[cfg(test)]
     pub fn add(&mut self, t: i64, key: &[u8], inputs: &[Input<'_>], aggs: &[AggSpec]) {
+        self.add_hashed(t, key, hash_key(key), inputs, aggs);
+    }
+
+    /// [`PaneStore::add`] with the key's hash ([`hash_key`]) known.
+    #[inline]
+    pub(crate) fn add_hashed(
+        &mut self,
+        t: i64,
+        key: &[u8],
+        hash: u64,
+        inputs: &[Input<'_>],
+        aggs: &[AggSpec],
+    ) {
         let pane = window_start_ms(t, self.hop_ms);
         let spare = &mut self.spare;
         let p = self
             .panes
             .entry(pane)
             .or_insert_with(|| spare.pop().unwrap_or_default());
-        let (i, new) = p.entry(key, aggs);
+        let (i, new) = p.entry(key, hash, aggs);
         let change = match self.track.as_mut() {
             Some(track) => {
                 track.change += 1;
@@ -340,7 +352,7 @@ impl PaneStore {
             Some(p) => p,
             None => track.retained.entry(pane).or_default(),
         };
-        let (i, _) = p.entry(key, aggs);
+        let (i, _) = p.entry(key, hash_key(key), aggs);
         p.add(i, t, inputs, track.change);
         true
     }
@@ -654,67 +666,133 @@ impl PaneStore {
     /// Panes in start order, each pane's entries in the order their keys first appeared (as
     /// kept in memory, so a resumed run holds its windows exactly as the straight run did);
     /// then, for a job with revisions, the kept panes and the revisions written.
+    #[cfg(test)]
     pub(crate) fn encode(&self, w: &mut Writer<'_>) {
-        w.i64(self.closed_ms);
-        w.u64(self.panes.len() as u64);
-        for (&start, pane) in &self.panes {
-            pane.encode(start, w);
+        PaneStore::encode_all(&[self], w);
+    }
+
+    /// The open windows of several stores that split a job's keys between them (window
+    /// shards, closed through the same watermark) in the form of one store
+    /// ([`PaneStore::encode`]): a pane's entries are those of each store in turn.
+    pub(crate) fn encode_all(stores: &[&PaneStore], w: &mut Writer<'_>) {
+        let closed = stores.iter().map(|s| s.closed_ms).max().unwrap_or(i64::MIN);
+        w.i64(closed);
+        encode_panes(stores.iter().map(|s| &s.panes).collect(), w);
+        let tracks: Vec<&Track> = stores.iter().filter_map(|s| s.track.as_deref()).collect();
+        if tracks.is_empty() {
+            return;
         }
-        if let Some(track) = &self.track {
-            w.u64(track.retained.len() as u64);
-            for (&start, pane) in &track.retained {
-                pane.encode(start, w);
-            }
-            w.u64(track.revisions.len() as u64);
-            for (&start, keys) in &track.revisions {
-                w.i64(start);
-                let mut sorted: Vec<(&[u8], i64)> =
-                    keys.iter().map(|(k, r)| (&k[..], r.0)).collect();
-                sorted.sort_unstable();
-                w.u64(sorted.len() as u64);
-                for (key, rev) in sorted {
-                    w.bytes(key);
-                    w.i64(rev);
-                }
+        encode_panes(tracks.iter().map(|t| &t.retained).collect(), w);
+        let starts: std::collections::BTreeSet<i64> = tracks
+            .iter()
+            .flat_map(|t| t.revisions.keys().copied())
+            .collect();
+        w.u64(starts.len() as u64);
+        for start in starts {
+            w.i64(start);
+            let mut sorted: Vec<(&[u8], i64)> = tracks
+                .iter()
+                .filter_map(|t| t.revisions.get(&start))
+                .flat_map(|keys| keys.iter().map(|(k, r)| (&k[..], r.0)))
+                .collect();
+            sorted.sort_unstable();
+            w.u64(sorted.len() as u64);
+            for (key, rev) in sorted {
+                w.bytes(key);
+                w.i64(rev);
             }
         }
     }
 
     /// Restores a store encoded by [`PaneStore::encode`] (`store`: a new one, with the job's
     /// tracking, whose windows ending at or before the stored point are closed).
+    #[cfg(test)]
     pub(crate) fn decode(
         store: PaneStore,
         aggs: &[AggSpec],
         r: &mut Reader<'_>,
     ) -> Result<PaneStore, CodecError> {
-        let mut store = store;
-        store.closed_ms = r.i64()?;
+        let mut stores = [store];
+        PaneStore::decode_into(&mut stores, &|_| 0, aggs, r)?;
+        let [store] = stores;
+        Ok(store)
+    }
+
+    /// Restores what [`PaneStore::encode_all`] wrote into `stores` (new ones, as
+    /// [`PaneStore::decode`] takes), each key's entries into the store `route` names.
+    pub(crate) fn decode_into(
+        stores: &mut [PaneStore],
+        route: &dyn Fn(&[u8]) -> usize,
+        aggs: &[AggSpec],
+        r: &mut Reader<'_>,
+    ) -> Result<(), CodecError> {
+        let closed = r.i64()?;
+        let n = stores.len();
+        let store_of = |key: &[u8]| -> Result<usize, CodecError> {
+            let s = route(key);
+            if s < n {
+                Ok(s)
+            } else {
+                Err(CodecError("no store for a key"))
+            }
+        };
+        for s in stores.iter_mut() {
+            s.closed_ms = closed;
+        }
         for _ in 0..r.count()? {
             let start = r.i64()?;
             for _ in 0..r.count()? {
                 let key = r.bytes()?;
-                store.insert_states(start, key, decode_states(aggs, r)?);
+                let at = store_of(key)?;
+                stores[at].insert_states(start, key, decode_states(aggs, r)?);
             }
         }
-        if let Some(track) = store.track.as_mut() {
+        if stores.iter().all(|s| s.track.is_none()) {
+            return Ok(());
+        }
+        for _ in 0..r.count()? {
+            let start = r.i64()?;
             for _ in 0..r.count()? {
-                let start = r.i64()?;
-                let pane = track.retained.entry(start).or_default();
-                for _ in 0..r.count()? {
-                    let key = r.bytes()?;
-                    pane.put(key, decode_states(aggs, r)?);
-                }
-            }
-            for _ in 0..r.count()? {
-                let start = r.i64()?;
-                let keys = track.revisions.entry(start).or_default();
-                for _ in 0..r.count()? {
-                    let key = r.bytes()?;
-                    keys.insert(key.into(), (r.i64()?, 0));
+                let key = r.bytes()?;
+                let at = store_of(key)?;
+                let states = decode_states(aggs, r)?;
+                if let Some(track) = stores[at].track.as_mut() {
+                    track.retained.entry(start).or_default().put(key, states);
                 }
             }
         }
-        Ok(store)
+        for _ in 0..r.count()? {
+            let start = r.i64()?;
+            for _ in 0..r.count()? {
+                let key = r.bytes()?;
+                let at = store_of(key)?;
+                let rev = r.i64()?;
+                if let Some(track) = stores[at].track.as_mut() {
+                    track
+                        .revisions
+                        .entry(start)
+                        .or_default()
+                        .insert(key.into(), (rev, 0));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Panes of several stores by start, as the panes of one: each start once, its entries those
+/// of every store that has the pane.
+fn encode_panes(stores: Vec<&BTreeMap<i64, Pane>>, w: &mut Writer<'_>) {
+    let starts: std::collections::BTreeSet<i64> =
+        stores.iter().flat_map(|p| p.keys().copied()).collect();
+    w.u64(starts.len() as u64);
+    for start in starts {
+        let panes: Vec<&Pane> = stores.iter().filter_map(|p| p.get(&start)).collect();
+        w.i64(start);
+        w.u64(panes.iter().map(|p| p.len() as u64).sum());
+        for pane in panes {
+            pane.encode_entries(w);
+        }
     }
 }
 

@@ -1,11 +1,18 @@
 //! The side checkpoint: a SQLite database (WAL, synchronous=FULL) holding, per job, its
-//! settings, each partition's next offset and event-time progress, the watermark floor, the
-//! open windows, and an outbox of output not yet confirmed in DuckDB.
+//! settings and its state: each partition's next offset and event-time progress, the watermark
+//! floor and the open windows. Output rows are never stored here: they are written once, into
+//! DuckDB.
 //!
-//! A cycle commits its new state together with its output rows in one SQLite transaction,
-//! then applies the output to DuckDB idempotently and removes it from the outbox. A killed run
-//! leaves either the old state (the cycle is redone) or the new state with its output in the
-//! outbox (re-applied by the next run): nothing is lost and nothing is counted twice.
+//! A cycle's state is committed here before its output is committed in DuckDB, together with a
+//! marker of the batch (the job's `streaming_etl_batches` row, in the same DuckDB transaction).
+//! Until the next cycle the job keeps two states: the one after the last batch known to be in
+//! DuckDB, and the new one. A killed run leaves the new state in doubt; the next run asks
+//! DuckDB's marker whether that batch landed, and keeps the new state if it did, else goes back
+//! to the one before and reads the cycle again. Nothing is lost and nothing is counted twice,
+//! and each row is written once.
+//!
+//! Checkpoints written before this protocol (open windows in `jobs`, batches in an `outbox`) are
+//! still read: their outbox is applied once more, then their state becomes the first stored one.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -46,6 +53,18 @@ CREATE TABLE IF NOT EXISTS partitions (
   identity TEXT NOT NULL DEFAULT '',
   status TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (job, partition));
+CREATE TABLE IF NOT EXISTS job_state (
+  job TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  windows_table TEXT NOT NULL,
+  late_table TEXT NOT NULL,
+  dead_letter_table TEXT NOT NULL,
+  watermark_ms INTEGER,
+  open_windows BLOB,
+  open_window_count INTEGER NOT NULL,
+  partitions BLOB NOT NULL,
+  updated_ms INTEGER NOT NULL,
+  PRIMARY KEY (job, seq));
 CREATE TABLE IF NOT EXISTS outbox (
   job TEXT NOT NULL,
   seq INTEGER NOT NULL,
@@ -64,7 +83,7 @@ const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("partitions", "status", "TEXT NOT NULL DEFAULT ''"),
 ];
 
-/// A job as stored.
+/// A job as stored: its settings, and the state after the last batch known to be in DuckDB.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredJob {
     pub settings: JobSettings,
@@ -75,9 +94,24 @@ pub struct StoredJob {
     /// same name whose checkpoint was deleted.
     pub created_ms: i64,
     pub partitions: Vec<PartitionState>,
+    /// The batch this state follows (0: none yet).
+    pub seq: i64,
+    /// A newer state, whose batch may not have reached DuckDB (a run died between the two
+    /// commits): [`Checkpoint::resolve`] keeps or drops it.
+    pub in_doubt: Option<InDoubt>,
+    /// Stored before states were kept in `job_state` (see [`Checkpoint::adopt_legacy`]).
+    pub legacy: bool,
 }
 
-/// Output committed to the outbox but not yet confirmed in DuckDB.
+/// A state committed here whose batch's DuckDB commit was not seen to finish.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InDoubt {
+    pub seq: i64,
+    /// Where that batch went (its marker is beside the windows table).
+    pub tables: Tables,
+}
+
+/// Output committed to the outbox of an older checkpoint but not yet confirmed in DuckDB.
 pub struct Pending {
     pub seq: i64,
     /// The tables the batch goes to, as the sink named them.
@@ -88,14 +122,19 @@ pub struct Pending {
     pub batch: Vec<u8>,
 }
 
-/// What one cycle commits.
+/// A job's state as one cycle commits it.
 pub struct CycleCommit<'a> {
+    /// The batch of the last state known to be in DuckDB: states before it are dropped.
+    pub base: i64,
+    /// The batch this state follows: `base` when the cycle wrote nothing, else the cycle's own
+    /// batch, committed in DuckDB right after (the state is in doubt until then).
+    pub seq: i64,
+    /// Where the batch goes.
+    pub tables: &'a Tables,
     pub watermark_ms: i64,
     pub open_windows: &'a [u8],
     pub open_window_count: usize,
     pub partitions: &'a [PartitionState],
-    /// The cycle's output, encoded, with where it goes; None when the cycle produced nothing.
-    pub output: Option<&'a Pending>,
     pub now_ms: i64,
 }
 
@@ -283,47 +322,157 @@ impl Checkpoint {
         let Some((settings, watermark, open_windows, next_seq, created_ms)) = head else {
             return Ok(None);
         };
-        let mut stmt = db
-            .prepare(
-                "SELECT partition, name, next_offset, max_event_time_ms, last_delivery_ms, end_offset,
-                        identity, status
-                 FROM partitions WHERE job = ?1 ORDER BY partition",
-            )
-            .map_err(&err)?;
-        let partitions = stmt
-            .query_map([job], |r| {
-                Ok(PartitionState {
-                    partition: r.get(0)?,
-                    name: r.get(1)?,
-                    next_offset: r.get(2)?,
-                    max_event_time_ms: r.get(3)?,
-                    last_delivery_ms: r.get(4)?,
-                    end_offset: r.get(5)?,
-                    identity: r.get(6)?,
-                    status: r.get(7)?,
-                })
-            })
-            .map_err(&err)?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(&err)?;
+        let mut states = stored_states(&db, job, &self.path)?;
+        let Some(base) = states.len().checked_sub(1).map(|last| {
+            // With two states, the newer one is in doubt until its batch is found in DuckDB.
+            let in_doubt = (last > 0).then(|| states.remove(last));
+            (states.remove(last - usize::from(last > 0)), in_doubt)
+        }) else {
+            return Ok(Some(StoredJob {
+                settings,
+                watermark_ms: watermark.unwrap_or(NO_WATERMARK),
+                open_windows,
+                next_seq,
+                created_ms,
+                partitions: legacy_partitions(&db, job, &self.path)?,
+                seq: next_seq - 1,
+                in_doubt: None,
+                legacy: true,
+            }));
+        };
+        let (base, in_doubt) = base;
         Ok(Some(StoredJob {
             settings,
-            watermark_ms: watermark.unwrap_or(NO_WATERMARK),
-            open_windows,
+            watermark_ms: base.watermark_ms,
+            open_windows: base.open_windows,
             next_seq,
             created_ms,
-            partitions,
+            partitions: base.partitions,
+            seq: base.seq,
+            in_doubt: in_doubt.map(|s| InDoubt {
+                seq: s.seq,
+                tables: s.tables,
+            }),
+            legacy: false,
         }))
     }
 
-    pub fn create_job(&self, job: &str, s: &JobSettings, now_ms: i64) -> Result<()> {
-        self.db()
-            .execute(
-                "INSERT INTO jobs (job, source, window_ms, lateness_ms, key_field, time_field, value_field, created_ms, updated_ms, settings)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, ?9)",
-                params![job, s.source, s.window_ms, s.lateness_ms, s.key_field, s.time_field, s.value_field, now_ms, s.extra_text()],
+    /// Records a new job and its first state: the partitions as its source opened them (so a
+    /// run that dies before its first commit resumes where this one started, `start` resolved).
+    pub fn create_job(
+        &self,
+        job: &str,
+        s: &JobSettings,
+        now_ms: i64,
+        tables: &Tables,
+        partitions: &[PartitionState],
+    ) -> Result<()> {
+        let mut db = self.db();
+        let err = |e| EtlError::checkpoint(&self.path, format!("cannot write it: {e}"));
+        let tx = db.transaction().map_err(err)?;
+        tx.execute(
+            "INSERT INTO jobs (job, source, window_ms, lateness_ms, key_field, time_field, value_field, created_ms, updated_ms, settings)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, ?9)",
+            params![job, s.source, s.window_ms, s.lateness_ms, s.key_field, s.time_field, s.value_field, now_ms, s.extra_text()],
+        )
+        .map_err(err)?;
+        write_state(
+            &tx,
+            job,
+            &CycleCommit {
+                base: 0,
+                seq: 0,
+                tables,
+                watermark_ms: NO_WATERMARK,
+                open_windows: &[],
+                open_window_count: 0,
+                partitions,
+                now_ms,
+            },
+        )
+        .map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(())
+    }
+
+    /// A job stored before this protocol, its outbox applied: its state becomes the first one
+    /// kept in `job_state` (and its open windows leave the `jobs` row).
+    pub fn adopt_legacy(
+        &self,
+        job: &str,
+        stored: &StoredJob,
+        tables: &Tables,
+        now_ms: i64,
+    ) -> Result<()> {
+        let mut db = self.db();
+        let err = sql_err(&self.path);
+        let tx = db.transaction().map_err(&err)?;
+        let count: i64 = tx
+            .query_row(
+                "SELECT open_window_count FROM jobs WHERE job = ?1",
+                [job],
+                |r| r.get(0),
             )
-            .map_err(|e| EtlError::checkpoint(&self.path, format!("cannot write it: {e}")))?;
+            .map_err(&err)?;
+        write_state(
+            &tx,
+            job,
+            &CycleCommit {
+                base: stored.seq,
+                seq: stored.seq,
+                tables,
+                watermark_ms: stored.watermark_ms,
+                open_windows: stored.open_windows.as_deref().unwrap_or(&[]),
+                open_window_count: usize::try_from(count).unwrap_or(0),
+                partitions: &stored.partitions,
+                now_ms,
+            },
+        )
+        .map_err(&err)?;
+        tx.commit().map_err(&err)?;
+        Ok(())
+    }
+
+    /// Settles a state in doubt: kept when its batch is in DuckDB (`landed`), else dropped, so
+    /// the job goes on from the state before it and reads that cycle again.
+    pub fn resolve(&self, job: &str, seq: i64, landed: bool) -> Result<()> {
+        let mut db = self.db();
+        let err = sql_err(&self.path);
+        let tx = db.transaction().map_err(&err)?;
+        let drop = if landed {
+            "DELETE FROM job_state WHERE job = ?1 AND seq < ?2"
+        } else {
+            "DELETE FROM job_state WHERE job = ?1 AND seq = ?2"
+        };
+        tx.execute(drop, params![job, seq]).map_err(&err)?;
+        // What `streaming_etl_checkpoint()` shows is the state kept.
+        let mut states = stored_states(&tx, job, &self.path)?;
+        if let Some(kept) = states.pop() {
+            tx.execute("DELETE FROM partitions WHERE job = ?1", [job])
+                .map_err(&err)?;
+            let open: Option<Vec<u8>> = kept.open_windows;
+            show_state(
+                &tx,
+                job,
+                &CycleCommit {
+                    base: kept.seq,
+                    seq: kept.seq,
+                    tables: &kept.tables,
+                    watermark_ms: kept.watermark_ms,
+                    open_windows: open.as_deref().unwrap_or(&[]),
+                    open_window_count: kept.open_window_count,
+                    partitions: &kept.partitions,
+                    now_ms: kept.updated_ms,
+                },
+            )
+            .map_err(&err)?;
+            tx.execute(
+                "UPDATE jobs SET next_seq = ?2 WHERE job = ?1",
+                params![job, kept.seq + 1],
+            )
+            .map_err(&err)?;
+        }
+        tx.commit().map_err(&err)?;
         Ok(())
     }
 
@@ -356,68 +505,30 @@ impl Checkpoint {
         rows
     }
 
-    /// Commits a cycle: state and output in one transaction.
-    pub fn commit_cycle(&self, job: &str, c: &CycleCommit<'_>) -> Result<()> {
+    /// Commits a cycle's state (see [`CycleCommit`]) in one transaction.
+    pub fn commit_state(&self, job: &str, c: &CycleCommit<'_>) -> Result<()> {
         let mut db = self.db();
         let err = sql_err(&self.path);
         let tx = db.transaction().map_err(&err)?;
-        let watermark = (c.watermark_ms != NO_WATERMARK).then_some(c.watermark_ms);
-        let next_seq = c.output.map(|p| p.seq + 1);
-        tx.execute(
-            "UPDATE jobs SET watermark_ms = ?2, open_windows = ?3, open_window_count = ?4,
-                    next_seq = COALESCE(?5, next_seq), updated_ms = ?6 WHERE job = ?1",
-            params![
-                job,
-                watermark,
-                c.open_windows,
-                c.open_window_count as i64,
-                next_seq,
-                c.now_ms
-            ],
-        )
-        .map_err(&err)?;
-        {
-            let mut up = tx
-                .prepare_cached(
-                    "INSERT INTO partitions (job, partition, name, next_offset, max_event_time_ms, last_delivery_ms, end_offset, updated_ms, identity, status)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
-                     ON CONFLICT (job, partition) DO UPDATE SET name = excluded.name,
-                       next_offset = excluded.next_offset, max_event_time_ms = excluded.max_event_time_ms,
-                       last_delivery_ms = excluded.last_delivery_ms, end_offset = excluded.end_offset,
-                       updated_ms = excluded.updated_ms, identity = excluded.identity,
-                       status = excluded.status",
-                )
-                .map_err(&err)?;
-            for p in c.partitions {
-                up.execute(params![
-                    job,
-                    p.partition,
-                    p.name,
-                    p.next_offset,
-                    p.max_event_time_ms,
-                    p.last_delivery_ms,
-                    p.end_offset,
-                    c.now_ms,
-                    p.identity,
-                    p.status
-                ])
-                .map_err(&err)?;
-            }
-        }
-        if let Some(p) = c.output {
-            tx.execute(
-                "INSERT INTO outbox (job, seq, windows_table, late_table, dead_letter_table, topic, batch)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![job, p.seq, p.tables.windows, p.tables.late, p.tables.dead, p.source, p.batch],
-            )
-            .map_err(&err)?;
-        }
+        write_state(&tx, job, c).map_err(&err)?;
         crate::fault::crash_point("checkpoint-before-commit");
         tx.commit().map_err(&err)?;
         Ok(())
     }
 
-    /// Forgets output that DuckDB has durably applied.
+    /// Forgets the states before `base`, whose batch is known to be in DuckDB (at the end of a
+    /// run, so that nothing is left in doubt).
+    pub fn settle(&self, job: &str, base: i64) -> Result<()> {
+        self.db()
+            .execute(
+                "DELETE FROM job_state WHERE job = ?1 AND seq < ?2",
+                params![job, base],
+            )
+            .map_err(sql_err(&self.path))?;
+        Ok(())
+    }
+
+    /// Forgets output of an older checkpoint's outbox that DuckDB has durably applied.
     pub fn applied(&self, job: &str, seq: i64) -> Result<()> {
         self.db()
             .execute(
@@ -436,7 +547,8 @@ impl Checkpoint {
             .prepare(
                 "SELECT j.job, j.source, p.partition, p.name, p.next_offset, p.max_event_time_ms,
                         j.watermark_ms, j.open_window_count,
-                        (SELECT count(*) FROM outbox o WHERE o.job = j.job),
+                        (SELECT count(*) FROM outbox o WHERE o.job = j.job)
+                          + max((SELECT count(*) FROM job_state s WHERE s.job = j.job) - 1, 0),
                         p.end_offset, j.window_ms, j.lateness_ms,
                         COALESCE(p.updated_ms, j.updated_ms), p.status
                  FROM jobs j LEFT JOIN partitions p ON p.job = j.job
@@ -474,6 +586,166 @@ impl Checkpoint {
             .map_err(&err);
         rows
     }
+}
+
+/// One row of `job_state`.
+struct StoredState {
+    seq: i64,
+    tables: Tables,
+    watermark_ms: i64,
+    open_windows: Option<Vec<u8>>,
+    open_window_count: usize,
+    partitions: Vec<PartitionState>,
+    updated_ms: i64,
+}
+
+/// A job's stored states, oldest first.
+fn stored_states(db: &Connection, job: &str, path: &str) -> Result<Vec<StoredState>> {
+    let err = sql_err(path);
+    let mut stmt = db
+        .prepare_cached(
+            "SELECT seq, windows_table, late_table, dead_letter_table, watermark_ms, open_windows,
+                    open_window_count, partitions, updated_ms
+             FROM job_state WHERE job = ?1 ORDER BY seq",
+        )
+        .map_err(&err)?;
+    let rows = stmt
+        .query_map([job], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                Tables {
+                    windows: r.get(1)?,
+                    late: r.get(2)?,
+                    dead: r.get(3)?,
+                },
+                r.get::<_, Option<i64>>(4)?,
+                r.get::<_, Option<Vec<u8>>>(5)?,
+                r.get::<_, i64>(6)?,
+                r.get::<_, Vec<u8>>(7)?,
+                r.get::<_, i64>(8)?,
+            ))
+        })
+        .map_err(&err)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(&err)?;
+    rows.into_iter()
+        .map(|(seq, tables, wm, open, count, parts, updated_ms)| {
+            Ok(StoredState {
+                seq,
+                tables,
+                watermark_ms: wm.unwrap_or(NO_WATERMARK),
+                open_windows: open.filter(|o| !o.is_empty()),
+                open_window_count: usize::try_from(count).unwrap_or(0),
+                partitions: PartitionState::decode_list(&parts)
+                    .map_err(|e| EtlError::checkpoint(path, e))?,
+                updated_ms,
+            })
+        })
+        .collect()
+}
+
+/// The partitions of a job stored before `job_state`.
+fn legacy_partitions(db: &Connection, job: &str, path: &str) -> Result<Vec<PartitionState>> {
+    let err = sql_err(path);
+    let mut stmt = db
+        .prepare(
+            "SELECT partition, name, next_offset, max_event_time_ms, last_delivery_ms, end_offset,
+                    identity, status
+             FROM partitions WHERE job = ?1 ORDER BY partition",
+        )
+        .map_err(&err)?;
+    let partitions = stmt
+        .query_map([job], |r| {
+            Ok(PartitionState {
+                partition: r.get(0)?,
+                name: r.get(1)?,
+                next_offset: r.get(2)?,
+                max_event_time_ms: r.get(3)?,
+                last_delivery_ms: r.get(4)?,
+                end_offset: r.get(5)?,
+                identity: r.get(6)?,
+                status: r.get(7)?,
+            })
+        })
+        .map_err(&err)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(&err);
+    partitions
+}
+
+/// Stores `c` as the job's state for batch `c.seq`, drops the states before `c.base`, and
+/// shows it in `jobs` and `partitions` (what `streaming_etl_checkpoint()` reads).
+fn write_state(db: &Connection, job: &str, c: &CycleCommit<'_>) -> rusqlite::Result<()> {
+    db.execute(
+        "DELETE FROM job_state WHERE job = ?1 AND seq < ?2",
+        params![job, c.base],
+    )?;
+    let mut partitions = Vec::new();
+    PartitionState::encode_list(c.partitions, &mut partitions);
+    let watermark = (c.watermark_ms != NO_WATERMARK).then_some(c.watermark_ms);
+    let open = (!c.open_windows.is_empty()).then_some(c.open_windows);
+    db.prepare_cached(
+        "INSERT OR REPLACE INTO job_state (job, seq, windows_table, late_table, dead_letter_table,
+             watermark_ms, open_windows, open_window_count, partitions, updated_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )?
+    .execute(params![
+        job,
+        c.seq,
+        c.tables.windows,
+        c.tables.late,
+        c.tables.dead,
+        watermark,
+        open,
+        c.open_window_count as i64,
+        partitions,
+        c.now_ms
+    ])?;
+    db.execute(
+        "UPDATE jobs SET next_seq = max(next_seq, ?2) WHERE job = ?1",
+        params![job, c.seq + 1],
+    )?;
+    show_state(db, job, c)
+}
+
+/// Shows a state in `jobs` and `partitions` (for `streaming_etl_checkpoint()`; the state itself
+/// is read from `job_state`).
+fn show_state(db: &Connection, job: &str, c: &CycleCommit<'_>) -> rusqlite::Result<()> {
+    let watermark = (c.watermark_ms != NO_WATERMARK).then_some(c.watermark_ms);
+    db.prepare_cached(
+        "UPDATE jobs SET watermark_ms = ?2, open_windows = NULL, open_window_count = ?3,
+                updated_ms = ?4 WHERE job = ?1",
+    )?
+    .execute(params![
+        job,
+        watermark,
+        c.open_window_count as i64,
+        c.now_ms
+    ])?;
+    let mut up = db.prepare_cached(
+        "INSERT INTO partitions (job, partition, name, next_offset, max_event_time_ms, last_delivery_ms, end_offset, updated_ms, identity, status)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+         ON CONFLICT (job, partition) DO UPDATE SET name = excluded.name,
+           next_offset = excluded.next_offset, max_event_time_ms = excluded.max_event_time_ms,
+           last_delivery_ms = excluded.last_delivery_ms, end_offset = excluded.end_offset,
+           updated_ms = excluded.updated_ms, identity = excluded.identity,
+           status = excluded.status",
+    )?;
+    for p in c.partitions {
+        up.execute(params![
+            job,
+            p.partition,
+            p.name,
+            p.next_offset,
+            p.max_event_time_ms,
+            p.last_delivery_ms,
+            p.end_offset,
+            c.now_ms,
+            p.identity,
+            p.status
+        ])?;
+    }
+    Ok(())
 }
 
 /// The rows of `streaming_etl_checkpoint()`: reads without creating or changing anything (a

@@ -1,15 +1,18 @@
-//! The committer: makes checkpoint cycles durable on a thread of its own while the run reads
-//! the next cycle, so reading and writing overlap (on two cores, the DuckDB and SQLite writes
-//! of one cycle cost about as much as reading it). Cycles are committed in order; after a
-//! failure nothing later is committed, and the run fails at its next cycle boundary.
+//! The committer: makes checkpoint cycles durable as long jobs of the run's pool while the run
+//! reads the next cycle, so reading and writing overlap (a helper thread commits while the
+//! others read). With one thread, a cycle commits where it is handed over. Cycles are committed
+//! in order; after a failure nothing later is committed, and the run fails at its next cycle
+//! boundary.
+//!
+//! A cycle commits its state to the checkpoint, then its rows and their batch marker in one
+//! DuckDB transaction (see `checkpoint` for why that order loses and doubles nothing).
 
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use streaming_etl_core::{Batch, EtlError, OutputSchemas, PartitionState, Result};
+use streaming_etl_core::{Actor, Batch, EtlError, OutputSchemas, PartitionState, Pool, Result};
 
-use crate::checkpoint::{Checkpoint, CycleCommit, Pending};
+use crate::checkpoint::{Checkpoint, CycleCommit};
 use crate::sink::{Output, OutputSink, Tables};
 
 /// Everything one cycle commits: the state after it and its output.
@@ -19,14 +22,18 @@ pub struct CycleState {
     pub open_window_count: usize,
     pub partitions: Vec<PartitionState>,
     pub batch: Batch,
-    /// Outbox sequence number, when the batch is not empty.
+    /// The batch's number, when the batch is not empty.
     pub seq: Option<i64>,
     pub now_ms: i64,
+    /// The run's last cycle: nothing is left in doubt after it.
+    pub last: bool,
 }
 
 /// Where output goes and under which job.
 pub struct Target {
     pub job: String,
+    /// The batch of the job's last state known to be in DuckDB.
+    pub base: i64,
     pub job_created_ms: i64,
     /// The job's source as given.
     pub source: String,
@@ -40,90 +47,117 @@ pub struct Committed {
     pub batch: Batch,
 }
 
+/// Cycles committed (or failed), in order, not yet taken by the run.
+type Done = Arc<Mutex<VecDeque<Result<Committed>>>>;
+
+/// What commits: the checkpoint and the sink, and where the job stands.
+struct Writer {
+    checkpoint: Checkpoint,
+    sink: Box<dyn OutputSink>,
+    target: Target,
+    failed: bool,
+    /// A batch landed since the checkpoint last dropped the states before it.
+    unsettled: bool,
+    done: Done,
+}
+
+impl Writer {
+    /// Commits one cycle (the actor's function).
+    fn apply(w: &mut Writer, mut state: CycleState) {
+        let result = if w.failed {
+            Err(EtlError::Internal(
+                "an earlier cycle failed to commit".into(),
+            ))
+        } else {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                commit(&w.checkpoint, w.sink.as_mut(), &mut w.target, &state)
+            }))
+            .unwrap_or_else(|p| {
+                Err(EtlError::Internal(format!(
+                    "commit panicked: {}",
+                    panic_message(p)
+                )))
+            })
+        };
+        w.failed |= result.is_err();
+        w.unsettled = state.seq.is_some() && !state.last;
+        let offsets = state
+            .partitions
+            .iter()
+            .map(|p| (p.partition, p.next_offset))
+            .collect();
+        state.batch.clear();
+        let batch = state.batch;
+        w.done
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push_back(result.map(|()| Committed { offsets, batch }));
+    }
+}
+
 pub struct Committer {
-    jobs: Option<SyncSender<CycleState>>,
-    done: Receiver<Result<Committed>>,
-    thread: Option<JoinHandle<()>>,
+    writer: Actor<Writer, CycleState>,
+    pool: Arc<Pool>,
+    done: Done,
+    /// Cycles handed over and not yet taken back.
     in_flight: usize,
 }
 
 impl Committer {
     pub fn start(
         checkpoint: Checkpoint,
-        mut sink: Box<dyn OutputSink>,
+        sink: Box<dyn OutputSink>,
         target: Target,
-    ) -> Result<Committer> {
-        // One cycle queued while another is written: memory stays at two cycles' output.
-        let (jobs, inbox) = sync_channel::<CycleState>(1);
-        let (report, done) = sync_channel::<Result<Committed>>(64);
-        let thread = std::thread::Builder::new()
-            .name("streaming_etl-commit".into())
-            .spawn(move || {
-                let mut failed = false;
-                for mut state in inbox {
-                    if failed {
-                        continue;
-                    }
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        commit(&checkpoint, sink.as_mut(), &target, &state)
-                    }))
-                    .unwrap_or_else(|p| {
-                        Err(EtlError::Internal(format!(
-                            "commit thread panicked: {}",
-                            panic_message(p)
-                        )))
-                    });
-                    failed = result.is_err();
-                    let offsets = state
-                        .partitions
-                        .iter()
-                        .map(|p| (p.partition, p.next_offset))
-                        .collect();
-                    state.batch.clear();
-                    let batch = state.batch;
-                    if report
-                        .send(result.map(|()| Committed { offsets, batch }))
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| EtlError::Internal(format!("cannot start the commit thread: {e}")))?;
-        Ok(Committer {
-            jobs: Some(jobs),
+        pool: Arc<Pool>,
+    ) -> Committer {
+        let done = Done::default();
+        let writer = Writer {
+            checkpoint,
+            sink,
+            target,
+            failed: false,
+            unsettled: false,
+            done: Arc::clone(&done),
+        };
+        Committer {
+            writer: Actor::new(writer, Writer::apply),
+            pool,
             done,
-            thread: Some(thread),
             in_flight: 0,
-        })
+        }
     }
 
-    /// Hands a cycle over (waits while the previous one is still queued).
+    fn finished(&self) -> usize {
+        self.done
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Hands a cycle over. One cycle waits while another is written (memory stays at two
+    /// cycles' output): past that, the run helps the pool until the older one is through.
     pub fn submit(&mut self, state: CycleState) -> Result<()> {
-        let jobs = self
-            .jobs
-            .as_ref()
-            .ok_or_else(|| EtlError::Internal("committer closed".into()))?;
-        jobs.send(state)
-            .map_err(|_| EtlError::Internal("the commit thread stopped".into()))?;
+        let pool = Arc::clone(&self.pool);
+        pool.help_until(|| self.in_flight - self.finished() < 2)?;
+        self.writer.send(&self.pool, state, true);
         self.in_flight += 1;
         Ok(())
     }
 
     /// The cycles committed since the last call; the first failure, if any.
     pub fn committed(&mut self, wait_for_all: bool) -> Result<Vec<Committed>> {
+        if wait_for_all {
+            let pool = Arc::clone(&self.pool);
+            pool.help_until(|| self.finished() == self.in_flight)?;
+        }
         let mut out = Vec::new();
-        while self.in_flight > 0 {
-            let next = if wait_for_all {
-                self.done
-                    .recv()
-                    .map_err(|_| EtlError::Internal("the commit thread stopped".into()))?
-            } else {
-                match self.done.try_recv() {
-                    Ok(r) => r,
-                    Err(_) => break,
-                }
-            };
+        let finished: Vec<_> = self
+            .done
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+            .collect();
+        for next in finished {
             self.in_flight -= 1;
             out.push(next?);
         }
@@ -133,11 +167,14 @@ impl Committer {
 
 impl Drop for Committer {
     fn drop(&mut self) {
-        // Closing the queue lets the thread finish what it has, then it exits: a run that is
-        // interrupted still writes every cycle it handed over.
-        self.jobs = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        // A run that is interrupted still writes every cycle it handed over, and leaves no
+        // state in doubt.
+        let writer = &self.writer;
+        if self.pool.help_until(|| writer.idle()).is_ok() {
+            let w = writer.state();
+            if w.unsettled && !w.failed {
+                let _ = w.checkpoint.settle(&w.target.job, w.target.base);
+            }
         }
     }
 }
@@ -153,44 +190,33 @@ pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-/// State and output to SQLite in one transaction, output to the sink in one transaction, then
-/// the output is marked applied.
+/// The state to the checkpoint, then the rows and their marker to the sink (one transaction
+/// each); once the sink's commit is through, the new state is the job's base.
 fn commit(
     checkpoint: &Checkpoint,
     sink: &mut dyn OutputSink,
-    target: &Target,
+    target: &mut Target,
     state: &CycleState,
 ) -> Result<()> {
     crate::fault::panic_point("commit");
     state.batch.check().map_err(EtlError::Internal)?;
-    let pending = match state.seq {
-        Some(seq) => {
-            let mut encoded = Vec::with_capacity(state.batch.windows.byte_len() + 4096);
-            state.batch.encode(&target.schemas, &mut encoded);
-            Some(Pending {
-                seq,
-                tables: target.tables.clone(),
-                source: target.source.clone(),
-                batch: encoded,
-            })
-        }
-        None => None,
-    };
-    checkpoint.commit_cycle(
+    checkpoint.commit_state(
         &target.job,
         &CycleCommit {
+            base: target.base,
+            seq: state.seq.unwrap_or(target.base),
+            tables: &target.tables,
             watermark_ms: state.watermark_ms,
             open_windows: &state.open_windows,
             open_window_count: state.open_window_count,
             partitions: &state.partitions,
-            output: pending.as_ref(),
             now_ms: state.now_ms,
         },
     )?;
-    if let Some(p) = pending {
+    if let Some(seq) = state.seq {
         sink.apply(&Output {
             job: &target.job,
-            seq: p.seq,
+            seq,
             job_created_ms: target.job_created_ms,
             tables: &target.tables,
             schemas: &target.schemas,
@@ -198,7 +224,10 @@ fn commit(
             replay: false,
         })?;
         crate::fault::crash_point("after-sink-commit");
-        checkpoint.applied(&target.job, p.seq)?;
+        target.base = seq;
+        if state.last {
+            checkpoint.settle(&target.job, seq)?;
+        }
     }
     Ok(())
 }

@@ -48,4 +48,7 @@ pub struct JobConfig {
     pub rolling: bool,
     /// Once every partition has been silent this long (wall clock), close every open window.
     pub quiet_flush_ms: Option<i64>,
+    /// Threads the run may use in all, its caller's included (DuckDB's `threads` when the run
+    /// starts); at least one.
+    pub threads: usize,
 }

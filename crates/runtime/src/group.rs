@@ -293,6 +293,12 @@ impl GroupRun {
             })
             .collect();
         self.group.resume_at(&positions)?;
+        // What was read ahead of the merge is read again from where the merge stands.
+        for (p, _) in &positions {
+            if let Some(t) = self.tasks.get_mut(p) {
+                t.read = ReadState::new(1);
+            }
+        }
         self.generations = self.tasks.iter().map(|(&p, t)| (p, t.generation)).collect();
         Ok(())
     }
@@ -403,11 +409,11 @@ impl GroupRun {
                 if !self.cfg.follow {
                     break Stop::CaughtUp;
                 }
-                if self
-                    .tasks
-                    .values()
-                    .any(|t| t.engine.closed_windows_waiting())
-                {
+                let mut closed = false;
+                for t in self.tasks.values_mut() {
+                    closed |= t.engine.closed_windows_waiting()?;
+                }
+                if closed {
                     // Windows just closed are committed now rather than at the cycle's end.
                     break Stop::CycleEnd;
                 }
@@ -426,7 +432,7 @@ impl GroupRun {
             for t in self.tasks.values_mut() {
                 t.engine.set_now(now);
                 if self.cfg.flush && stop == Stop::CaughtUp {
-                    t.engine.flush();
+                    t.engine.flush()?;
                 }
             }
         }
@@ -487,7 +493,7 @@ impl GroupRun {
             match stop {
                 Stop::CaughtUp => {
                     task.caught_up = true;
-                    task.read.exhausted.fill(false);
+                    task.read.look_again();
                 }
                 // Its turn is over (messages or pending rows): the next task reads.
                 Stop::CycleEnd if Instant::now() < row_due => {
@@ -509,12 +515,14 @@ impl GroupRun {
         let mut ids = Vec::new();
         let mut states = Vec::new();
         for (&p, t) in self.tasks.iter_mut() {
-            t.engine.take_output(&mut t.batch);
+            t.engine.take_output(&mut t.batch)?;
             let progress = t.engine.progress();
             let Some(pp) = progress.first() else { continue };
+            // The source's own position only when nothing it delivered waits to be merged.
             let next_offset = t
                 .source
                 .position(0)
+                .filter(|_| t.read.drained(0))
                 .map_or(pp.next_offset, |at| at.max(pp.next_offset));
             let watermark_ms = t.engine.watermark_ms();
             if t.batch.is_empty()
@@ -524,7 +532,7 @@ impl GroupRun {
                 continue;
             }
             let mut open_windows = Vec::new();
-            t.engine.encode_open_windows(&mut open_windows);
+            t.engine.encode_open_windows(&mut open_windows)?;
             ids.push(p);
             states.push(PartitionSnapshot {
                 seq: t.seq + 1,

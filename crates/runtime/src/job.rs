@@ -1,15 +1,15 @@
-//! One run of a job: restore its state from the checkpoint, finish any output a killed run left
-//! in the outbox, open the source where the job left off, then read in cycles, each handed to
-//! the committer (which makes it durable while the next is read), until the source is caught up
-//! or a limit is reached.
+//! One run of a job: restore its state from the checkpoint (settling a state a killed run left in
+//! doubt by asking the sink whether its batch landed), open the source where the job left off,
+//! then read in cycles, each handed to the committer (which makes it durable while the next is
+//! read), until the source is caught up or a limit is reached.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use streaming_etl_core::{
     read_cycle, reported_watermark, Batch, Counters, CycleLimits, Engine, EtlError, OutputSchemas,
-    PartitionClock, PartitionProgress, PartitionState, ReadState, Restored, Result, Source, Stop,
-    NO_WATERMARK,
+    PartitionClock, PartitionProgress, PartitionState, Pool, ReadState, Restored, Result, Source,
+    Stop, NO_WATERMARK,
 };
 
 use crate::checkpoint::{Checkpoint, StoredJob};
@@ -23,7 +23,7 @@ use crate::sink::{Output, OutputSink};
 const MAX_PENDING_ROWS: usize = 500_000;
 /// Messages after which a cycle ends even before its interval: shorter cycles let the
 /// committer write one while the next is read.
-const MAX_CYCLE_MESSAGES: u64 = 200_000;
+const MAX_CYCLE_MESSAGES: u64 = 1_000_000;
 
 /// Opens the job's source, given the partitions the checkpoint knows (with their offsets).
 pub type SourceOpener = Box<dyn FnOnce(&[PartitionState]) -> Result<Box<dyn Source>> + Send>;
@@ -145,7 +145,7 @@ fn restore(checkpoint: &Checkpoint, cfg: &JobConfig) -> Result<Option<StoredJob>
     Ok(existing)
 }
 
-/// Applies the output a killed run committed to the checkpoint but may not have written.
+/// Applies the output that a killed run of an older version left in its checkpoint's outbox.
 fn replay_pending(
     checkpoint: &Checkpoint,
     job: &str,
@@ -171,12 +171,62 @@ fn replay_pending(
     Ok(())
 }
 
+/// The job as stored, its settings checked, once whatever a killed run left is settled: an older
+/// checkpoint's outbox is applied and its state adopted; a state in doubt is kept if its batch
+/// is in the sink, else dropped (its cycle is read again).
+fn settle_state(
+    checkpoint: &Checkpoint,
+    cfg: &JobConfig,
+    sink: &mut dyn OutputSink,
+    now_ms: i64,
+) -> Result<Option<StoredJob>> {
+    let Some(stored) = restore(checkpoint, cfg)? else {
+        return Ok(None);
+    };
+    if stored.legacy {
+        replay_pending(checkpoint, &cfg.job, stored.created_ms, sink)?;
+        checkpoint.adopt_legacy(&cfg.job, &stored, &cfg.tables, now_ms)?;
+    }
+    if let Some(d) = &stored.in_doubt {
+        let landed = sink.landed(&d.tables, &cfg.job, stored.created_ms, d.seq)?;
+        checkpoint.resolve(&cfg.job, d.seq, landed)?;
+    }
+    if stored.legacy || stored.in_doubt.is_some() {
+        return restore(checkpoint, cfg);
+    }
+    Ok(Some(stored))
+}
+
+/// A new job's partitions as its source opened them.
+fn opened_partitions(source: &dyn Source, now_ms: i64) -> Vec<PartitionState> {
+    source
+        .partitions()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| PartitionState {
+            partition: p.partition,
+            name: p.name.clone(),
+            identity: p.identity.clone(),
+            next_offset: p.start_offset,
+            max_event_time_ms: None,
+            last_delivery_ms: now_ms,
+            end_offset: source.end_offset(i),
+            status: if p.gone {
+                "deleted".into()
+            } else {
+                String::new()
+            },
+        })
+        .collect()
+}
+
 /// The engine, resumed from the stored state for the partitions the source opened.
 fn resume_engine(
     cfg: &JobConfig,
     stored: Option<&StoredJob>,
     source: &mut dyn Source,
     now_ms: i64,
+    pool: &Arc<Pool>,
 ) -> Result<Engine> {
     let known = stored.map_or(&[][..], |s| &s.partitions[..]);
     let partitions = source
@@ -202,18 +252,9 @@ fn resume_engine(
         open_windows: stored.and_then(|s| s.open_windows.clone()),
     };
     let path = cfg.checkpoint.shown().to_string();
-    let engine = Engine::new(&cfg.engine, restored, now_ms, &cfg.source)
+    let engine = Engine::with_pool(&cfg.engine, restored, now_ms, &cfg.source, Arc::clone(pool))
         .map_err(|e| EtlError::checkpoint(&path, e))?;
     Ok(engine)
-}
-
-/// Threads that parse messages ahead of the merge: the cores left once the merge and the
-/// commit thread (with DuckDB's writes) have one each, at most three. On two cores, one thread
-/// once the messages turn out to be wide (`ReadState::decode_ahead_when_wide`): on narrow ones
-/// it measured no faster end to end (docs/benchmarks.md).
-fn decode_threads() -> (usize, usize) {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores.saturating_sub(2).min(3), usize::from(cores == 2))
 }
 
 impl Run {
@@ -227,18 +268,19 @@ impl Run {
             clock,
         } = env;
         let now = clock.wall_ms();
-        let stored = restore(&checkpoint, &cfg)?;
         let schemas = Arc::new(cfg.engine.schemas());
         sink.prepare(&cfg.tables, &schemas)?;
+        let stored = settle_state(&checkpoint, &cfg, sink.as_mut(), now)?;
         let job_created_ms = stored.as_ref().map_or(now, |s| s.created_ms);
-        replay_pending(&checkpoint, &cfg.job, job_created_ms, sink.as_mut())?;
         let mut source = open_source(stored.as_ref().map_or(&[][..], |s| &s.partitions[..]))?;
         // A new job is only written to the checkpoint once its source has opened, so a run that
         // fails at once (no such topic, unreachable broker) leaves nothing behind.
         if stored.is_none() {
-            checkpoint.create_job(&cfg.job, &cfg.settings, now)?;
+            let parts = opened_partitions(source.as_ref(), now);
+            checkpoint.create_job(&cfg.job, &cfg.settings, now, &cfg.tables, &parts)?;
         }
-        let mut engine = resume_engine(&cfg, stored.as_ref(), source.as_mut(), now)?;
+        let pool = Arc::new(Pool::new(cfg.threads));
+        let mut engine = resume_engine(&cfg, stored.as_ref(), source.as_mut(), now, &pool)?;
         for g in source.take_gaps() {
             engine.record_gap(g.partition, g.from, &g.message);
         }
@@ -247,27 +289,20 @@ impl Run {
             sink,
             Target {
                 job: cfg.job.clone(),
+                base: stored.as_ref().map_or(0, |s| s.seq),
                 job_created_ms,
                 source: cfg.source.clone(),
                 tables: cfg.tables.clone(),
                 schemas: Arc::clone(&schemas),
             },
-        )?;
+            Arc::clone(&pool),
+        );
         Ok(Run {
             next_row_due: None,
             run_deadline: cfg
                 .max_runtime_ms
                 .map(|ms| started + Duration::from_millis(ms as u64)),
-            read: match decode_threads() {
-                (0, when_wide) => ReadState::decode_ahead_when_wide(
-                    source.partitions().len(),
-                    &cfg.engine,
-                    when_wide,
-                ),
-                (threads, _) => {
-                    ReadState::decode_ahead(source.partitions().len(), &cfg.engine, threads)
-                }
-            },
+            read: ReadState::new(source.partitions().len()),
             next_seq: stored.as_ref().map_or(1, |s| s.next_seq),
             cfg,
             source,
@@ -343,7 +378,7 @@ impl Run {
             // Idle partitions are judged by the wall clock at the end of the run too.
             self.engine.set_now(self.clock.wall_ms());
             if self.cfg.flush && stop == Stop::CaughtUp {
-                self.engine.flush();
+                self.engine.flush()?;
             }
         }
         self.submit()?;
@@ -361,7 +396,7 @@ impl Run {
             .spare
             .pop()
             .unwrap_or_else(|| Batch::empty(&self.schemas));
-        self.engine.take_output(&mut batch);
+        self.engine.take_output(&mut batch)?;
         let parts = self.source.partitions();
         let partitions: Vec<PartitionState> = self
             .engine
@@ -393,7 +428,7 @@ impl Run {
             })
             .collect();
         let mut open_windows = Vec::new();
-        self.engine.encode_open_windows(&mut open_windows);
+        self.engine.encode_open_windows(&mut open_windows)?;
         let seq = (!batch.is_empty()).then(|| {
             self.next_seq += 1;
             self.next_seq - 1
@@ -406,6 +441,7 @@ impl Run {
             batch,
             seq,
             now_ms: self.clock.wall_ms(),
+            last: self.is_done(),
         })
     }
 

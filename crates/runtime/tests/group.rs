@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use streaming_etl_core::{MemorySource, OutputSchemas, OwnedCell, Result, Source};
+use streaming_etl_core::{
+    MemorySource, Message, OutputSchemas, OwnedCell, Pull, Result, Source, SourcePartition,
+};
 use streaming_etl_runtime::config::{CheckpointLocation, JobConfig};
 use streaming_etl_runtime::group::{
     Claim, Claimer, GroupEnv, GroupEvent, GroupRun, GroupSource, Moved, PartitionCommit,
@@ -296,4 +298,132 @@ fn a_member_whose_partition_was_claimed_cannot_commit_it_and_takes_it_back_from_
     assert_eq!(lake.state[&0].0, 3);
     assert_eq!(lake.state[&0].2.as_ref().unwrap().next_offset, 300);
     assert_eq!(lake.dead.len(), 5);
+}
+
+/// A partition whose messages arrive while the run goes on (shared with the test).
+struct Growing {
+    parts: Vec<SourcePartition>,
+    lines: Arc<Mutex<Vec<String>>>,
+    next: usize,
+}
+
+impl Source for Growing {
+    fn partitions(&self) -> &[SourcePartition] {
+        &self.parts
+    }
+
+    fn pull(&mut self, _idx: usize, each: &mut dyn FnMut(&Message<'_>) -> bool) -> Result<Pull> {
+        let lines = self.lines.lock().unwrap();
+        while let Some(l) = lines.get(self.next) {
+            let offset = self.next as i64;
+            self.next += 1;
+            let go_on = each(&Message {
+                offset,
+                next_offset: offset + 1,
+                payload: l.as_bytes(),
+                key: None,
+                timestamp: None,
+                schema: None,
+            });
+            if !go_on {
+                return Ok(Pull::Paused);
+            }
+        }
+        Ok(Pull::Exhausted)
+    }
+
+    fn end_offset(&self, _idx: usize) -> Option<i64> {
+        None
+    }
+}
+
+struct OnePartition {
+    claimer: Claimer,
+    lines: Arc<Mutex<Vec<String>>>,
+    opened: bool,
+}
+
+impl GroupSource for OnePartition {
+    fn poll(&mut self, _wait: Duration) -> Result<Vec<GroupEvent>> {
+        if self.opened {
+            return Ok(Vec::new());
+        }
+        self.opened = true;
+        let claim = (self.claimer)(0)?;
+        let parts = vec![SourcePartition {
+            partition: 0,
+            name: String::new(),
+            identity: String::new(),
+            start_offset: 0,
+            gone: false,
+        }];
+        let source = Growing {
+            parts,
+            lines: Arc::clone(&self.lines),
+            next: 0,
+        };
+        Ok(vec![GroupEvent::Assigned {
+            claim,
+            source: Box::new(source),
+        }])
+    }
+
+    fn joined(&self) -> bool {
+        true
+    }
+
+    fn join_timeout(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn committed(&mut self, _offsets: &[(i32, i64)]) {}
+
+    fn reclaim(&mut self, _partition: i32) -> Result<Option<GroupEvent>> {
+        Ok(None)
+    }
+
+    fn resume_at(&mut self, _positions: &[(i32, i64)]) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_follow_member_reads_what_arrives_after_it_caught_up() {
+    let lake = Shared::default();
+    let data = common::data(0).swap_remove(0);
+    let lines = Arc::new(Mutex::new(data[..100].to_vec()));
+    let (shared, claimed) = (Arc::clone(&lines), Arc::clone(&lake));
+    let mut run = GroupRun::start(
+        Arc::new(config(None, Some(60_000))),
+        GroupEnv {
+            store: Box::new(Store(claimed)),
+            open_group: Box::new(move |claimer| {
+                Ok(Box::new(OnePartition {
+                    claimer,
+                    lines: shared,
+                    opened: false,
+                }) as Box<dyn GroupSource>)
+            }),
+            clock: Arc::new(common::FixedClock),
+            owner: "m".into(),
+        },
+    )
+    .unwrap();
+    let committed = || {
+        let lake = lake.lock().unwrap();
+        lake.state[&0].2.as_ref().map_or(0, |s| s.next_offset)
+    };
+    for (upto, cycles) in [(100, 0), (250, 1), (300, 2)] {
+        let mut held = lines.lock().unwrap();
+        let from = held.len();
+        held.extend_from_slice(&data[from..upto]);
+        drop(held);
+        for _ in 0..20 {
+            assert!(run.cycle().unwrap());
+            if committed() == upto as i64 {
+                break;
+            }
+        }
+        assert_eq!(committed(), upto as i64, "after {cycles} appends");
+    }
 }

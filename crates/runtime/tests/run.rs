@@ -1,7 +1,7 @@
 //! A run end to end without DuckDB or Kafka: an in-memory or file checkpoint, a memory source
-//! and a sink that keeps tables in memory (keyed like the real ones, so applying a batch twice
-//! changes nothing). Stop and resume, crashes between the two commits, settings mismatches and
-//! the job lock.
+//! and a sink that keeps tables in memory (keyed like the real ones, counting any row written
+//! twice) with the batch markers the protocol asks about. Stop and resume, crashes between the
+//! two commits, settings mismatches and the job lock.
 
 mod common;
 
@@ -23,17 +23,29 @@ use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
 /// Table name → primary key (shown) → row.
 type TableRows = BTreeMap<String, BTreeMap<String, Vec<OwnedCell>>>;
 
-/// Tables in memory: rows keyed by their primary key (upsert), as DuckDB's are.
+/// A batch's number and its stored form.
+type StoredBatch = (i64, Vec<u8>);
+
+/// Tables in memory: rows keyed by their primary key, as DuckDB's are; a row whose key is
+/// there already is counted as doubled (no window, late event or dead letter is written twice).
+/// And each job's latest batch marker.
 #[derive(Default, Clone)]
-struct MemoryTables(Arc<Mutex<TableRows>>);
+struct MemoryTables {
+    rows: Arc<Mutex<TableRows>>,
+    doubled: Arc<AtomicUsize>,
+    markers: Arc<Mutex<BTreeMap<(String, i64), i64>>>,
+    /// The batch of the failed apply, as an older version's outbox held it.
+    failed_batch: Arc<Mutex<Option<StoredBatch>>>,
+}
 
 impl MemoryTables {
     fn snapshot(&self) -> TableRows {
-        self.0.lock().unwrap().clone()
+        assert_eq!(self.doubled.load(Ordering::SeqCst), 0, "rows written twice");
+        self.rows.lock().unwrap().clone()
     }
 
     fn count(&self, table: &str) -> usize {
-        self.0.lock().unwrap().get(table).map_or(0, |t| t.len())
+        self.rows.lock().unwrap().get(table).map_or(0, |t| t.len())
     }
 }
 
@@ -53,12 +65,15 @@ impl OutputSink for MemorySink {
     fn apply(&mut self, out: &Output<'_>) -> Result<()> {
         let left = self.ok_applies.load(Ordering::SeqCst);
         if left == 0 && !self.fail_after_write {
+            let mut stored = Vec::new();
+            out.batch.encode(out.schemas, &mut stored);
+            *self.tables.failed_batch.lock().unwrap() = Some((out.seq, stored));
             return Err(EtlError::Sink {
                 table: out.tables.windows.clone(),
                 message: "injected failure".into(),
             });
         }
-        let mut all = self.tables.0.lock().unwrap();
+        let mut all = self.tables.rows.lock().unwrap();
         let parts = out.tables.as_ref().zip(out.schemas.as_ref());
         for ((name, schema), rows) in parts.zip(out.batch.as_ref()) {
             let table = all.entry(name.clone()).or_default();
@@ -72,14 +87,28 @@ impl OutputSink for MemorySink {
                     "{:?}",
                     key_cols.iter().map(|&i| &row[i]).collect::<Vec<_>>()
                 );
-                table.insert(key, row);
+                if table.insert(key, row).is_some() {
+                    self.tables.doubled.fetch_add(1, Ordering::SeqCst);
+                }
             }
         }
+        self.tables
+            .markers
+            .lock()
+            .unwrap()
+            .insert((out.job.to_string(), out.job_created_ms), out.seq);
         if left == 0 {
             return Err(EtlError::Internal("injected crash after the write".into()));
         }
         self.ok_applies.fetch_sub(1, Ordering::SeqCst);
         Ok(())
+    }
+
+    fn landed(&mut self, _: &Tables, job: &str, created_ms: i64, seq: i64) -> Result<bool> {
+        let markers = self.tables.markers.lock().unwrap();
+        Ok(markers
+            .get(&(job.to_string(), created_ms))
+            .is_some_and(|&m| m >= seq))
     }
 }
 
@@ -161,31 +190,36 @@ fn straight() -> TableRows {
 #[test]
 fn a_job_stopped_again_and_again_ends_like_a_straight_run() {
     let want = straight();
-    for step in [1, 13, 250] {
+    for (step, threads) in [(1, 1), (13, 1), (250, 1), (13, 3), (250, 2)] {
         let h = Harness::new();
         let mut runs = 0;
-        while h
-            .run(config(CheckpointLocation::Memory, Some(step), 1000), false)
-            .unwrap()
-            != "caught_up"
-        {
+        let mut cfg = config(CheckpointLocation::Memory, Some(step), 1000);
+        cfg.threads = threads;
+        while h.run(cfg.clone(), false).unwrap() != "caught_up" {
             runs += 1;
             assert!(runs < 2000);
         }
-        assert_eq!(h.tables.snapshot(), want, "stopping every {step} messages");
+        assert_eq!(
+            h.tables.snapshot(),
+            want,
+            "stopping every {step} messages on {threads} threads"
+        );
     }
 }
 
 #[test]
 fn output_committed_but_not_written_is_written_by_the_next_run() {
     let want = straight();
-    // The sink fails before writing, and (second case) after writing but before the outbox is
-    // cleared, at several batches: the failed run reports the error; the next run replays the
-    // outbox and the job ends exactly like a straight run.
+    // The sink fails before writing, and (second case) after writing, as if the run died
+    // between DuckDB's commit and the next: the failed run reports the error and leaves its
+    // last state in doubt; the next run keeps it (the batch landed) or drops it and reads the
+    // cycle again, and the job ends exactly like a straight run, nothing written twice.
     for fail_after_write in [false, true] {
         for ok in [0, 1, 3] {
             let h = Harness::new();
-            let cfg = config(CheckpointLocation::Memory, Some(200), 1000);
+            let mut cfg = config(CheckpointLocation::Memory, Some(200), 1000);
+            // Commits on a helper thread, and where they are handed over.
+            cfg.threads = 1 + ok % 2;
             let mut failures = 0;
             h.ok_applies.store(ok, Ordering::SeqCst);
             loop {
@@ -203,7 +237,7 @@ fn output_committed_but_not_written_is_written_by_the_next_run() {
                             .map(|r| r.pending_batches)
                             .max()
                             .unwrap_or(0);
-                        assert!(pending >= 1, "the failed batch waits in the outbox");
+                        assert!(pending >= 1, "the failed batch's state is in doubt");
                         h.ok_applies.store(usize::MAX, Ordering::SeqCst);
                     }
                 }
@@ -313,4 +347,59 @@ fn a_checkpoint_file_with_4_kib_pages_serves_as_before() {
     assert_eq!(run_reopening(&file.1), straight());
     let size: i64 = old.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
     assert_eq!(size, 4096);
+}
+
+/// A checkpoint of the version before this protocol: the state committed with its batch in an
+/// outbox, the batch not yet in DuckDB (the run died between the two). The next run applies the
+/// outbox, adopts the state, and the job ends like a straight run.
+#[test]
+fn an_older_checkpoint_with_its_outbox_is_finished_and_adopted() {
+    let file = ScratchFile::new("legacy");
+    let tables = MemoryTables::default();
+    let loc = CheckpointLocation::File(file.1.clone());
+    let harness = |ok: usize| Harness {
+        checkpoint: Checkpoint::open_file(&file.1).unwrap(),
+        locks: Arc::new(MemoryLocks::default()),
+        tables: tables.clone(),
+        ok_applies: Arc::new(AtomicUsize::new(ok)),
+    };
+    // Two batches land, the third fails before it is written: its state is in doubt.
+    let first = harness(2);
+    let e = loop {
+        if let Err(e) = first.run(config(loc.clone(), Some(200), 1000), false) {
+            break e;
+        }
+    };
+    assert!(e.to_string().contains("injected"), "{e}");
+    drop(first);
+    let (seq, batch) = tables.failed_batch.lock().unwrap().take().unwrap();
+    // What the older version would have left: that state in `jobs` and `partitions` (shown
+    // there already), its batch in the outbox, no `job_state`.
+    let db = rusqlite::Connection::open(&file.1).unwrap();
+    db.execute_batch(&format!(
+        "UPDATE jobs SET open_windows = (SELECT open_windows FROM job_state WHERE seq = {seq}),
+                         watermark_ms = (SELECT watermark_ms FROM job_state WHERE seq = {seq}),
+                         next_seq = {seq} + 1;
+         DELETE FROM job_state;"
+    ))
+    .unwrap();
+    db.execute(
+        "INSERT INTO outbox VALUES ('job', ?1, 'windows', 'late', 'dead', 'mem', ?2)",
+        rusqlite::params![seq, batch],
+    )
+    .unwrap();
+    drop(db);
+    for _ in 0..100 {
+        if harness(usize::MAX)
+            .run(config(loc.clone(), Some(321), 1000), false)
+            .unwrap()
+            == "caught_up"
+        {
+            break;
+        }
+    }
+    assert_eq!(tables.snapshot(), straight());
+    let c = Checkpoint::open_file(&file.1).unwrap();
+    let rows = c.rows(Some("job")).unwrap();
+    assert!(rows.iter().all(|r| r.pending_batches == 0));
 }

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::chunk::Chunk;
 use crate::error::{EtlError, Result};
 use crate::format::SchemaCache;
 use crate::source::avro_file::AvroFileReader;
@@ -32,6 +33,9 @@ pub struct FileOptions {
     /// The files are Avro object container files (`format := 'avro'`); their schemas go here.
     pub avro: Option<Arc<SchemaCache>>,
 }
+
+/// How a read stopped, and the offset after the last message it took.
+type Read = (Pull, Option<i64>);
 
 /// What reads a file's messages: its lines, or an Avro file's datums.
 enum Reader {
@@ -408,6 +412,68 @@ impl FileSource {
     /// (a log rotated) since it was found, and another file may have taken its name, which must
     /// never be read in its place. None when the file is nowhere to be found: the partition is
     /// then gone, with a gap for what was not read.
+    /// Reads from the partition's file with `f` (which returns how it stopped and the offset
+    /// after the last message it took), keeping the partition's position and size; a damaged
+    /// compressed file is reported and done with.
+    fn read(
+        &mut self,
+        idx: usize,
+        f: &mut dyn FnMut(&mut Reader) -> std::io::Result<Read>,
+    ) -> Result<Pull> {
+        if self.parts[idx].gone {
+            return Ok(Pull::Exhausted);
+        }
+        let Some(reader) = self.reader(idx)? else {
+            return Ok(Pull::Exhausted);
+        };
+        let result = f(reader);
+        let slot = &mut self.slots[idx];
+        let result = result.map(|(pull, last)| {
+            if let Some(n) = last {
+                slot.next = n;
+            }
+            pull
+        });
+        match result {
+            Ok(pull) => {
+                if let Some(r) = &slot.reader {
+                    if r.finished() {
+                        slot.size = Some(r.offset());
+                    }
+                }
+                Ok(pull)
+            }
+            Err(e) if slot.codec != Codec::Plain => {
+                // A damaged compressed file: what could not be decompressed is reported, and
+                // the file is done (it cannot change).
+                self.gaps.push(Gap {
+                    partition: self.parts[idx].partition,
+                    from: slot.next,
+                    message: if slot.codec == Codec::Avro {
+                        format!(
+                            "file '{}' cannot be read as Avro after offset {}: {e}",
+                            slot.path.display(),
+                            slot.next
+                        )
+                    } else {
+                        format!(
+                            "file '{}' cannot be decompressed after byte {} of its content: {e}",
+                            slot.path.display(),
+                            slot.next
+                        )
+                    },
+                });
+                slot.reader = None;
+                self.parts[idx].gone = true;
+                Ok(Pull::Exhausted)
+            }
+            Err(e) => Err(EtlError::source(
+                &self.source_name,
+                format!("cannot read '{}': {e}", slot.path.display()),
+            )),
+        }
+    }
+
     fn reader(&mut self, idx: usize) -> Result<Option<&mut Reader>> {
         if self.slots[idx].reader.is_none() && !self.open_reader(idx)? {
             return Ok(None);
@@ -540,59 +606,36 @@ impl Source for FileSource {
     }
 
     fn pull(&mut self, idx: usize, each: &mut dyn FnMut(&Message<'_>) -> bool) -> Result<Pull> {
-        if self.parts[idx].gone {
-            return Ok(Pull::Exhausted);
-        }
-        let mut last = None;
-        let Some(reader) = self.reader(idx)? else {
-            return Ok(Pull::Exhausted);
-        };
-        let result = reader.pull(&mut |m| {
-            last = Some(m.next_offset);
-            each(m)
-        });
-        let slot = &mut self.slots[idx];
-        if let Some(n) = last {
-            slot.next = n;
-        }
-        match result {
-            Ok(pull) => {
-                if let Some(r) = &slot.reader {
-                    if r.finished() {
-                        slot.size = Some(r.offset());
-                    }
-                }
-                Ok(pull)
+        self.read(idx, &mut |reader| {
+            let mut last = None;
+            let pull = reader.pull(&mut |m| {
+                last = Some(m.next_offset);
+                each(m)
+            })?;
+            Ok((pull, last))
+        })
+    }
+
+    fn fill(
+        &mut self,
+        idx: usize,
+        chunk: &mut Chunk,
+        max_messages: usize,
+        max_bytes: usize,
+    ) -> Result<Pull> {
+        self.read(idx, &mut |reader| match reader {
+            // Lines are read as one block, split by whichever thread parses the chunk.
+            Reader::Lines(r) => r.fill_block(chunk, max_bytes),
+            Reader::Avro(r) => {
+                let mut last = None;
+                let pull = r.pull(&mut |m| {
+                    last = Some(m.next_offset);
+                    chunk.push(m);
+                    chunk.messages() < max_messages && chunk.bytes() < max_bytes
+                })?;
+                Ok((pull, last))
             }
-            Err(e) if slot.codec != Codec::Plain => {
-                // A damaged compressed file: what could not be decompressed is reported, and
-                // the file is done (it cannot change).
-                self.gaps.push(Gap {
-                    partition: self.parts[idx].partition,
-                    from: slot.next,
-                    message: if slot.codec == Codec::Avro {
-                        format!(
-                            "file '{}' cannot be read as Avro after offset {}: {e}",
-                            slot.path.display(),
-                            slot.next
-                        )
-                    } else {
-                        format!(
-                            "file '{}' cannot be decompressed after byte {} of its content: {e}",
-                            slot.path.display(),
-                            slot.next
-                        )
-                    },
-                });
-                slot.reader = None;
-                self.parts[idx].gone = true;
-                Ok(Pull::Exhausted)
-            }
-            Err(e) => Err(EtlError::source(
-                &self.source_name,
-                format!("cannot read '{}': {e}", slot.path.display()),
-            )),
-        }
+        })
     }
 
     fn end_offset(&self, idx: usize) -> Option<i64> {

@@ -7,6 +7,7 @@ use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
+use crate::chunk::Chunk;
 use crate::source::{Message, Pull};
 
 /// How a file is stored, by its name.
@@ -43,6 +44,8 @@ pub(crate) struct LineReader {
     eof: bool,
     /// A compressed stream ended (for good).
     finished: bool,
+    /// A read failed after complete lines were taken: reported at the next read.
+    failed: Option<std::io::Error>,
 }
 
 fn open_decoder(file: File, codec: Codec) -> std::io::Result<Box<dyn Read + Send>> {
@@ -87,6 +90,7 @@ impl LineReader {
             base: start,
             eof: false,
             finished: false,
+            failed: None,
         })
     }
 
@@ -98,6 +102,82 @@ impl LineReader {
     /// A compressed stream was read to its end.
     pub(crate) fn finished(&self) -> bool {
         self.finished
+    }
+
+    /// Reads complete lines into `chunk` as one block of about `max_bytes` (more for a line
+    /// longer than that), straight from the input into the chunk's buffer; the partial line
+    /// after them waits here for the next read. Returns how it stopped and the offset after the
+    /// last line taken.
+    pub(crate) fn fill_block(
+        &mut self,
+        chunk: &mut Chunk,
+        max_bytes: usize,
+    ) -> std::io::Result<(Pull, Option<i64>)> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
+        self.eof = false;
+        let carry = self.end - self.pos;
+        let base = self.base + self.pos as i64;
+        let mut size = max_bytes.max(carry * 2).max(4096);
+        chunk.block_buffer(size).0[..carry].copy_from_slice(&self.buf[self.pos..self.end]);
+        let mut len = carry;
+        let mut failed = None;
+        loop {
+            if len == size {
+                if memchr::memrchr(b'\n', &chunk.block_buffer(size).0[..len]).is_some() {
+                    break;
+                }
+                // A line longer than the block: the block grows.
+                size *= 2;
+            }
+            let buf = chunk.block_buffer(size).0;
+            match self.input.read(&mut buf[len..size]) {
+                Ok(0) => {
+                    self.eof = true;
+                    if self.codec != Codec::Plain {
+                        self.finished = true;
+                    }
+                    break;
+                }
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let buf = chunk.block_buffer(size).0;
+        // The last line of an immutable stream needs no newline; in a plain file, what follows
+        // the last newline is a line still being written.
+        let cut = if self.finished && failed.is_none() {
+            len
+        } else {
+            memchr::memrchr(b'\n', &buf[..len]).map_or(0, |p| p + 1)
+        };
+        let rest = len - cut;
+        if self.buf.len() < rest {
+            self.buf.resize(rest, 0);
+        }
+        self.buf[..rest].copy_from_slice(&buf[cut..len]);
+        self.pos = 0;
+        self.end = rest;
+        self.base = base + cut as i64;
+        let open_end = cut > 0 && buf[cut - 1] != b'\n';
+        chunk.set_block(cut, base, open_end);
+        if let Some(e) = failed {
+            if cut == 0 {
+                return Err(e);
+            }
+            self.failed = Some(e);
+        }
+        let pull = if self.eof {
+            Pull::Exhausted
+        } else {
+            Pull::Paused
+        };
+        Ok((pull, (cut > 0).then_some(base + cut as i64)))
     }
 
     /// Hands lines to `each` until it returns false or the input has no complete line left.

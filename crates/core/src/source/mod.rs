@@ -6,23 +6,9 @@ pub mod file;
 pub mod glob;
 pub mod lines;
 
+use crate::chunk::Chunk;
 use crate::error::Result;
-
-/// One message as the source delivers it, borrowed from the source's buffers.
-#[derive(Debug, Clone, Copy)]
-pub struct Message<'a> {
-    pub offset: i64,
-    /// The offset to resume from once this message is processed.
-    pub next_offset: i64,
-    pub payload: &'a [u8],
-    /// The Kafka message key, when there is one.
-    pub key: Option<&'a [u8]>,
-    /// The Kafka record's timestamp (create or log-append time, epoch ms), when it has one.
-    pub timestamp: Option<i64>,
-    /// The payload is a datum of an Avro file, of this file schema (see
-    /// [`crate::SchemaCache::add_file_schema`]); None: it carries its own framing.
-    pub schema: Option<u32>,
-}
+pub use crate::message::Message;
 
 /// Why a pull returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +50,22 @@ pub trait Source: Send {
     /// Delivers messages of the partition at `idx` (an index into `partitions()`) to `each`
     /// until it returns false or the partition has nothing more to deliver.
     fn pull(&mut self, idx: usize, each: &mut dyn FnMut(&Message<'_>) -> bool) -> Result<Pull>;
+
+    /// Fills `chunk` with the partition's next messages: about `max_bytes` of them, or
+    /// `max_messages`. A source that can hand over many messages at once does (a file's lines
+    /// are read as one block, split by whichever thread parses it).
+    fn fill(
+        &mut self,
+        idx: usize,
+        chunk: &mut Chunk,
+        max_messages: usize,
+        max_bytes: usize,
+    ) -> Result<Pull> {
+        self.pull(idx, &mut |m: &Message<'_>| {
+            chunk.push(m);
+            chunk.messages() < max_messages && chunk.bytes() < max_bytes
+        })
+    }
 
     /// The end offset the source knows for the partition at `idx` (for lag), if any.
     fn end_offset(&self, idx: usize) -> Option<i64>;

@@ -76,5 +76,6 @@ pub fn config(
         follow: false,
         rolling: false,
         quiet_flush_ms: None,
+        threads: 1,
     }
 }

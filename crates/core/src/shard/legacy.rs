@@ -3,19 +3,15 @@
 
 use crate::aggregate::{AggState, SumState};
 use crate::codec::{CodecError, Reader};
-use crate::config::EngineConfig;
-use crate::emit::Shape;
 use crate::window::PaneStore;
 
-/// Open windows: (start, key, count, values, sum, compensation, min, max) each.
-pub(super) fn decode_windows(
-    cfg: &EngineConfig,
-    floor_ms: i64,
+/// Open windows: (start, key, count, values, sum, compensation, min, max) each, into `stores`
+/// (new ones for the default job's tumbling windows) by `route`.
+pub(super) fn decode_windows_into(
+    stores: &mut [PaneStore],
+    route: &dyn Fn(&[u8]) -> usize,
     data: &[u8],
-) -> Result<PaneStore, CodecError> {
-    let size = cfg.time.window_ms;
-    let shape = Shape::new(1, &cfg.aggregates, false);
-    let mut store = PaneStore::new(size, size, shape, floor_ms);
+) -> Result<(), CodecError> {
     let mut r = Reader { b: data, i: 0 };
     r.u8()?;
     for _ in 0..r.count()? {
@@ -34,8 +30,10 @@ pub(super) fn decode_windows(
             AggState::Min(has.then_some(min)),
             AggState::Max(has.then_some(max)),
         ]);
-        store.insert_states(start, &key, states);
+        stores
+            .get_mut(route(&key))
+            .ok_or(CodecError("no store for a key"))?
+            .insert_states(start, &key, states);
     }
-    r.end()?;
-    Ok(store)
+    r.end()
 }
