@@ -323,11 +323,9 @@ impl Checkpoint {
             return Ok(None);
         };
         let mut states = stored_states(&db, job, &self.path)?;
-        let Some(base) = states.len().checked_sub(1).map(|last| {
-            // With two states, the newer one is in doubt until its batch is found in DuckDB.
-            let in_doubt = (last > 0).then(|| states.remove(last));
-            (states.remove(last - usize::from(last > 0)), in_doubt)
-        }) else {
+        // With two states, the newer one is in doubt until its batch is found in DuckDB.
+        let in_doubt = if states.len() > 1 { states.pop() } else { None };
+        let Some(base) = states.pop() else {
             return Ok(Some(StoredJob {
                 settings,
                 watermark_ms: watermark.unwrap_or(NO_WATERMARK),
@@ -340,7 +338,6 @@ impl Checkpoint {
                 legacy: true,
             }));
         };
-        let (base, in_doubt) = base;
         Ok(Some(StoredJob {
             settings,
             watermark_ms: base.watermark_ms,
@@ -450,7 +447,6 @@ impl Checkpoint {
         if let Some(kept) = states.pop() {
             tx.execute("DELETE FROM partitions WHERE job = ?1", [job])
                 .map_err(&err)?;
-            let open: Option<Vec<u8>> = kept.open_windows;
             show_state(
                 &tx,
                 job,
@@ -459,7 +455,7 @@ impl Checkpoint {
                     seq: kept.seq,
                     tables: &kept.tables,
                     watermark_ms: kept.watermark_ms,
-                    open_windows: open.as_deref().unwrap_or(&[]),
+                    open_windows: kept.open_windows.as_deref().unwrap_or(&[]),
                     open_window_count: kept.open_window_count,
                     partitions: &kept.partitions,
                     now_ms: kept.updated_ms,
