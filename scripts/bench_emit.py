@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test", "python"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-import bench  # noqa: E402
+import benchlib  # noqa: E402
 from docs_section import write_section  # noqa: E402
 
 QUANTILE_AGGS = ("['count(*) AS count', 'approx_quantile(amount, [0.5, 0.99]) AS q', "
@@ -33,7 +33,7 @@ QUANTILE_AGGS = ("['count(*) AS count', 'approx_quantile(amount, [0.5, 0.99]) AS
 
 
 def speed(events):
-    topic = f"file:{bench.orders_data(events)}/*.ndjson"
+    topic = f"file:{benchlib.orders_data(events)}/*.ndjson"
     jobs = [("emit := 'close', default aggregates", {}),
             ("emit := 'update', 1 s cycles", {"emit": "'update'", "checkpoint_interval_ms": "1000"}),
             ("emit := 'update', 100 ms cycles", {"emit": "'update'", "checkpoint_interval_ms": "100"}),
@@ -41,8 +41,8 @@ def speed(events):
     best = {}
     for _ in range(2):
         for name, named in jobs:
-            db = bench.fresh_db("emit")
-            run, _ = bench.spawn_measured(["--child-run", db, topic, json.dumps({**named, "flush": "true"}), "60000", "200"])
+            db = benchlib.fresh_db("emit")
+            run, _ = benchlib.spawn_measured(["--child-run", db, topic, json.dumps({**named, "flush": "true"}), "60000", "200"])
             if name not in best or run["wall_s"] < best[name]["wall_s"]:
                 best[name] = run
     base = best[jobs[0][0]]["stats"]["events_consumed"] / best[jobs[0][0]]["wall_s"]
@@ -59,7 +59,7 @@ def speed(events):
 def accuracy(events):
     import duckdb
 
-    d = os.path.join(bench.OUT, "data", f"latency-{events}")
+    d = os.path.join(benchlib.OUT, "data", f"latency-{events}")
     if not os.path.exists(os.path.join(d, "done")):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
@@ -69,7 +69,7 @@ def accuracy(events):
         open(os.path.join(d, "done"), "w").close()
     qs = [0.01, 0.25, 0.5, 0.9, 0.99, 0.999]
     con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
-    con.execute(f"LOAD '{bench.EXT}'")
+    con.execute(f"LOAD '{benchlib.EXT}'")
     con.execute(f"SELECT * FROM streaming_etl_run('file:{d}/*.ndjson', 60000, 0, time_field := 'ts', flush := true, "
                 f"group_by := ['endpoint'], aggregates := ['approx_quantile(ms, {qs}) AS q'])").fetchall()
     rows = con.execute(
@@ -86,14 +86,14 @@ def accuracy(events):
 def latency(seconds, per_second=50):
     import duckdb
 
-    d = os.path.join(bench.OUT, "data", "emit-live")
+    d = os.path.join(benchlib.OUT, "data", "emit-live")
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     path = os.path.join(d, "live.ndjson")
     open(path, "w").close()
-    db = bench.fresh_db("emit-live")
+    db = benchlib.fresh_db("emit-live")
     con = duckdb.connect(db, config={"allow_unsigned_extensions": "true"})
-    con.execute(f"LOAD '{bench.EXT}'")
+    con.execute(f"LOAD '{benchlib.EXT}'")
     written, seen, stop = {}, {}, threading.Event()
 
     def job():
@@ -135,7 +135,7 @@ def latency(seconds, per_second=50):
 
 def main():
     quick = "--quick" in sys.argv
-    os.makedirs(bench.OUT, exist_ok=True)
+    os.makedirs(benchlib.OUT, exist_ok=True)
     jobs = speed(500_000 if quick else 2_000_000)
     acc = accuracy(200_000 if quick else 2_000_000)
     lat = latency(5 if quick else 20)

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test", "python"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-import bench  # noqa: E402
+import benchlib  # noqa: E402
 from docs_section import write_section  # noqa: E402
 
 AVRO_SCHEMA = {
@@ -47,7 +47,7 @@ def events_of(path):
 
 def avro_files(d, codec):
     import fastavro
-    out = os.path.join(bench.OUT, "data", f"{os.path.basename(d)}-avro-{codec}")
+    out = os.path.join(benchlib.OUT, "data", f"{os.path.basename(d)}-avro-{codec}")
     if os.path.exists(os.path.join(out, "done")):
         return out
     os.makedirs(out, exist_ok=True)
@@ -61,8 +61,8 @@ def avro_files(d, codec):
 
 
 def measure(source, named):
-    db = bench.fresh_db("formats")
-    run, rss = bench.spawn_measured(["--child-run", db, source, json.dumps(named)])
+    db = benchlib.fresh_db("formats")
+    run, rss = benchlib.spawn_measured(["--child-run", db, source, json.dumps(named)])
     s = run["stats"]
     return {"events": s["events_consumed"], "dead": s["dead_letters"], "windows": run["window_rows"],
             "late": s["late_events"], "rate": s["events_consumed"] / run["wall_s"], "rss_mb": round(rss, 1)}
@@ -74,7 +74,7 @@ def best(runs):
 
 
 def files_section(events, rounds):
-    d = bench.generate("formats", events)
+    d = benchlib.generate("formats", events)
     jobs = {
         "json (NDJSON)": (f"file:{d}/*.ndjson", {}),
         "avro (null codec)": (f"file:{avro_files(d, 'null')}/*.avro", {"format": "'avro'"}),
@@ -111,7 +111,7 @@ def kafka_section(events, rounds):
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    d = bench.generate("formats-kafka", events)
+    d = benchlib.generate("formats-kafka", events)
     paths = sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".ndjson"))
     reg = registry.serve(0)
     url = f"http://127.0.0.1:{reg.server_address[1]}"
@@ -172,8 +172,8 @@ def main():
     files = files_section(files_events, rounds)
     kafka = kafka_section(kafka_events, rounds)
     dec = decode_only(200_000 if quick else 2_000_000)
-    os.makedirs(bench.OUT, exist_ok=True)
-    with open(os.path.join(bench.OUT, "formats.json"), "w") as f:
+    os.makedirs(benchlib.OUT, exist_ok=True)
+    with open(os.path.join(benchlib.OUT, "formats.json"), "w") as f:
         json.dump({"files": files, "kafka": kafka, "decode_only": dec}, f, indent=1)
     dec_rows = ["**Decoding alone** (records/s, one thread; `crates/core/examples/format_bench.rs`)", "",
                 "| reader | records/s |", "|---|---|"]

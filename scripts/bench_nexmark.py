@@ -46,11 +46,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.dont_write_bytecode = True  # no scripts/__pycache__ from importing bench
-import bench  # noqa: E402  (also puts test/python on sys.path)
+sys.dont_write_bytecode = True  # no scripts/__pycache__ from importing benchlib
+import benchlib  # noqa: E402  (also puts test/python on sys.path)
 
-ROOT, EXT = bench.ROOT, bench.EXT
-OUT = os.path.join(bench.OUT, "nexmark")
+ROOT, EXT = benchlib.ROOT, benchlib.EXT
+OUT = os.path.join(benchlib.OUT, "nexmark")
 NEXMARK = os.environ.get("NEXMARK") or shutil.which("nexmark") or os.path.expanduser("~/.cargo/bin/nexmark")
 PARTITIONS, LATENESS, REPEAT, DAY = 4, 0, 3, 86_400_000
 HLL_EXACT_UP_TO, HLL_TOLERANCE = 1024, 0.02
@@ -129,7 +129,7 @@ def child_stream(spec):
     cols = [d[0] for d in con.description]
     con.close()
     time.sleep(0.1)  # let the extension release the database so its file is complete
-    print(json.dumps({"stats": dict(zip(cols, rows[-1])), "wall_s": wall, "cpu_s": cpu, "peak_rss_mb": bench.peak_rss_mb()}, default=str))
+    print(json.dumps({"stats": dict(zip(cols, rows[-1])), "wall_s": wall, "cpu_s": cpu, "peak_rss_mb": benchlib.peak_rss_mb()}, default=str))
 
 
 def child_batch(spec):
@@ -143,7 +143,7 @@ def child_batch(spec):
     if spec.get("exact"):
         con.execute(f"CREATE TABLE exact AS {spec['exact']}")
     con.close()
-    print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": bench.peak_rss_mb()}))
+    print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": benchlib.peak_rss_mb()}))
 
 
 def child_latency(spec):
@@ -387,7 +387,7 @@ def main():
     latency_seconds = int(args[2]) if len(args) > 2 else 20
     t0 = time.perf_counter()
     rows = nexmark_jobs(events, kafka_events, latency_seconds, split)
-    with open(os.path.join(bench.OUT, f"nexmark-{split}.json"), "w") as f:
+    with open(os.path.join(benchlib.OUT, f"nexmark-{split}.json"), "w") as f:
         json.dump(rows, f, indent=1, default=str)
     print()
     print(markdown(rows))

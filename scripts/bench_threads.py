@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test", "python"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-import bench  # noqa: E402
+import benchlib  # noqa: E402
 from docs_section import write_section  # noqa: E402
 
 MODES = ("upsert", "append")
@@ -56,7 +56,7 @@ def engine_alone(pattern, threads):
 
 
 def measure(events, rounds=2):
-    d = bench.generate("files-10M", events)
+    d = benchlib.generate("files-10M", events)
     pattern = f"{d}/*.ndjson"
     best = {}
 
@@ -67,10 +67,10 @@ def measure(events, rounds=2):
     for _ in range(rounds):
         for t in THREADS:
             for mode in MODES:
-                run, _ = bench.spawn_measured(["--child-run", bench.fresh_db("threads"), f"file:{pattern}",
+                run, _ = benchlib.spawn_measured(["--child-run", benchlib.fresh_db("threads"), f"file:{pattern}",
                                                json.dumps({"write_mode": f"'{mode}'"})], env={"BENCH_THREADS": str(t)})
                 keep((mode, t), run, run["wall_s"])
-            b, _ = bench.spawn_measured(["--child-batch", bench.fresh_db("threads-batch"), pattern, "0"],
+            b, _ = benchlib.spawn_measured(["--child-batch", benchlib.fresh_db("threads-batch"), pattern, "0"],
                                         env={"BENCH_THREADS": str(t)})
             keep(("batch", t), b, b["elapsed_s"])
             e = engine_alone(pattern, t)
@@ -122,7 +122,7 @@ def report(best, events):
 
 def main():
     quick = "--quick" in sys.argv
-    os.makedirs(bench.OUT, exist_ok=True)
+    os.makedirs(benchlib.OUT, exist_ok=True)
     best, events = measure(1_000_000 if quick else 10_000_000, rounds=1 if quick else 2)
     table, same = report(best, events)
     print(table)

@@ -5,7 +5,7 @@ use streaming_etl_core::{EtlError, FieldPath, Result};
 
 use super::sql_name::TableName;
 use super::table::{Param, ParamId};
-use crate::args::{shown, Arg, Args};
+use crate::host::args::{shown, Arg, Args};
 
 /// The named arguments a call was given (NULL counts as not given).
 pub(super) struct Given<'a> {

@@ -4,7 +4,7 @@ use streaming_etl_core::{EtlError, Result};
 
 use super::given::Given;
 use super::table::*;
-use crate::args::{shown, Arg, Args};
+use crate::host::args::{shown, Arg, Args};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KafkaParams {

@@ -1,17 +1,23 @@
 //! The settings and parameters of the SQL functions: declared once in [`table`], read through
-//! [`given`], parsed into a run's plan by [`run`] (with its Kafka part in [`kafka`]), and the
-//! table names and quoting they share in [`sql_name`].
+//! [`given`], parsed into a run's plan by [`run`] from its groups ([`source`], [`windows`],
+//! [`time`], [`output`], [`checkpoint`], and Kafka's in [`kafka`]), and the table names and
+//! quoting they share in [`sql_name`].
 
+mod checkpoint;
 mod given;
 mod kafka;
+mod output;
 mod run;
+mod source;
 mod sql_name;
 mod table;
+mod time;
+mod windows;
 
+pub use checkpoint::{checkpoint_job, checkpoint_location};
 pub use kafka::{KafkaParams, RegistryParams};
-pub use run::{
-    checkpoint_job, checkpoint_location, parse_run, Compaction, RunPlan, SourceSpec, Start,
-    WriteMode,
-};
+pub use output::{Compaction, WriteMode};
+pub use run::{parse_run, RunPlan};
+pub use source::{SourceSpec, Start};
 pub use sql_name::{quote_ident, TableName};
 pub use table::*;

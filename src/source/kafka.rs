@@ -4,81 +4,29 @@
 //! each partition up to the end offset it saw when it started; a continuous one (`follow`)
 //! keeps reading, and picks up partitions added to the topic. After each checkpoint the same
 //! offsets are committed to the consumer group, for lag tools; the checkpoint stays the truth.
-//! One file for the consumer's whole life (open, start offsets, assignment, reading, waiting,
-//! commits, close): its parts share the consumer's state. A `subscribe` run reads each partition
-//! the group assigns it through one of these too, on the group's consumer (`kafka_group.rs`).
+//! One file for the open consumer's life (open, assignment, reading, waiting, commits, close):
+//! its parts share the consumer's state; its configuration and what it asks the brokers before
+//! reading are in `kafka_client.rs`. A `subscribe` run reads each partition the group assigns it
+//! through one of these too, on the group's consumer (`kafka_group.rs`).
 //! Tested against real brokers in `test/python/test_kafka.py` and `test_group.py`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 use streaming_etl_core::{EtlError, Gap, Message, Pull, Result, Source, SourcePartition};
 
 use super::kafka_batch::{self, PartitionBatches, KAFKA_PARTITION_EOF};
+use super::kafka_client::{
+    client_config, kafka_error, offsets_for_time, partition_ids, start_offset, Context,
+    PartitionsError, BATCH,
+};
 use super::registry::Registry;
 use crate::params::{KafkaParams, Start};
-
-/// Keeps librdkafka's last error, so a timeout can say what went wrong (refused connection,
-/// failed authentication, ...), and keeps its logs out of the user's terminal.
-#[derive(Default)]
-pub struct Context {
-    last_error: Mutex<Option<String>>,
-    /// A `subscribe` consumer's rebalance handling (None: partitions assigned explicitly).
-    pub(super) group: Option<super::kafka_group::GroupHooks>,
-}
-
-impl Context {
-    /// The context of a subscribed consumer.
-    pub(super) fn with_group(group: super::kafka_group::GroupHooks) -> Context {
-        Context {
-            last_error: Mutex::new(None),
-            group: Some(group),
-        }
-    }
-
-    pub(super) fn set_last_error(&self, error: String) {
-        *self
-            .last_error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(error);
-    }
-
-    pub(super) fn last_error(&self) -> Option<String> {
-        self.last_error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-}
-
-impl ClientContext for Context {
-    fn log(&self, _level: rdkafka::config::RDKafkaLogLevel, _fac: &str, _log_message: &str) {}
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        self.set_last_error(format!("{error} ({reason})"));
-    }
-}
-
-impl ConsumerContext for Context {
-    /// Only a subscribed consumer is rebalanced; it claims what it is given before reading it.
-    fn rebalance(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        err: RDKafkaRespErr,
-        tpl: &mut TopicPartitionList,
-    ) {
-        if let Some(g) = &self.group {
-            g.rebalance(self, consumer, err, tpl);
-        }
-    }
-}
 
 /// How the source reads.
 #[derive(Clone)]
@@ -117,13 +65,6 @@ struct OpenConsumer {
     /// The schema id the last record named (known to the cache).
     last_schema: Option<u32>,
 }
-
-pub(super) fn kafka_error(e: &KafkaError) -> String {
-    e.to_string()
-}
-
-/// Messages taken from a partition's queue per call.
-pub(super) const BATCH: usize = 4096;
 
 pub struct KafkaSource {
     reader: Option<OpenConsumer>,
@@ -281,139 +222,6 @@ impl KafkaSource {
             .as_mut()
             .ok_or_else(|| EtlError::Internal("Kafka consumer already closed".into()))
     }
-}
-
-/// The consumer's configuration: the source's own settings, then the user's properties.
-pub(super) fn client_config(params: &KafkaParams, follow: bool) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", &params.brokers)
-        .set("group.id", &params.group_id)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest")
-        .set(
-            "socket.timeout.ms",
-            params.timeout_ms.clamp(10, 300_000).to_string(),
-        )
-        .set("client.id", "streaming_etl")
-        // librdkafka prefetches up to 64 MiB per partition by default; a few MiB keep the
-        // fetcher ahead of the pipeline without the memory. Once a partition's prefetch is
-        // full, the fetcher pauses it for fetch.queue.backoff.ms (1 s by default): reading
-        // partitions evenly drains it in well under that, so the pause would starve the run.
-        .set("queued.max.messages.kbytes", "16384")
-        .set("fetch.queue.backoff.ms", "5");
-    if follow {
-        // A continuous run waits for new messages: the broker answers a fetch as soon as
-        // data arrives, or after this long.
-        config.set("fetch.wait.max.ms", "100");
-    }
-    for (k, v) in &params.properties {
-        config.set(k, v);
-    }
-    config
-}
-
-/// Where partition `p` (offsets `low..high` on the broker) is read from: its `stored` next
-/// offset, moved up to `low` with a gap when retention deleted what it pointed at; without one,
-/// where `new` says (`by_time`: the first offset at or after its time, when it has one).
-pub(super) fn start_offset(
-    p: i32,
-    stored: Option<i64>,
-    (low, high): (i64, i64),
-    new: Start,
-    by_time: Option<i64>,
-    gaps: &mut Vec<Gap>,
-) -> i64 {
-    match stored {
-        Some(next) if next < low => {
-            gaps.push(Gap {
-                partition: p,
-                from: next,
-                message: format!(
-                    "messages at offsets {next} to {} were deleted by the broker (retention) before this job read them",
-                    low - 1
-                ),
-            });
-            low
-        }
-        Some(next) => next,
-        None => match new {
-            Start::Earliest => low,
-            Start::Latest => high,
-            Start::Time(_) => by_time.unwrap_or(high).clamp(low, high),
-        },
-    }
-}
-
-enum PartitionsError {
-    Kafka(KafkaError),
-    Other(String),
-}
-
-/// The topic's partition ids, sorted.
-fn partition_ids(
-    consumer: &BaseConsumer<Context>,
-    source_name: &str,
-    topic: &str,
-    brokers: &str,
-    timeout: Duration,
-) -> std::result::Result<Vec<i32>, PartitionsError> {
-    let _ = source_name;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), timeout)
-        .map_err(PartitionsError::Kafka)?;
-    let Some(meta) = metadata.topics().iter().find(|t| t.name() == topic) else {
-        return Err(PartitionsError::Other(format!(
-            "topic '{topic}' does not exist on '{brokers}'"
-        )));
-    };
-    if let Some(e) = meta.error() {
-        let code = RDKafkaErrorCode::from(e);
-        return Err(PartitionsError::Other(match code {
-            RDKafkaErrorCode::UnknownTopicOrPartition => {
-                format!("topic '{topic}' does not exist on '{brokers}'")
-            }
-            other => format!("topic '{topic}' on '{brokers}': {other}"),
-        }));
-    }
-    let mut ids: Vec<i32> = meta.partitions().iter().map(|p| p.id()).collect();
-    ids.sort_unstable();
-    if ids.is_empty() {
-        return Err(PartitionsError::Other(format!(
-            "topic '{topic}' has no partitions"
-        )));
-    }
-    Ok(ids)
-}
-
-/// For each partition, the first offset whose timestamp is at or after `t` (None past the end).
-pub(super) fn offsets_for_time(
-    consumer: &BaseConsumer<Context>,
-    topic: &str,
-    ids: &[i32],
-    t: i64,
-    timeout: Duration,
-) -> std::result::Result<HashMap<i32, i64>, String> {
-    let mut tpl = TopicPartitionList::new();
-    for &p in ids {
-        tpl.add_partition_offset(topic, p, Offset::Offset(t))
-            .map_err(|e| kafka_error(&e))?;
-    }
-    let got = consumer
-        .offsets_for_times(tpl, timeout)
-        .map_err(|e| kafka_error(&e))?;
-    let mut out = HashMap::new();
-    for e in got.elements() {
-        if let Err(err) = e.error() {
-            return Err(kafka_error(&err));
-        }
-        if let Offset::Offset(o) = e.offset() {
-            out.insert(e.partition(), o);
-        }
-    }
-    Ok(out)
 }
 
 impl OpenConsumer {

@@ -16,10 +16,11 @@ use rdkafka::{Message as _, Offset, TopicPartitionList};
 use streaming_etl_core::{EtlError, Result};
 use streaming_etl_runtime::group::{Claimer, GroupEvent, GroupSource};
 
-use super::kafka::{
-    client_config, kafka_error, offsets_for_time, start_offset, Context, KafkaSource, BATCH,
-};
+use super::kafka::KafkaSource;
 use super::kafka_batch::PartitionBatches;
+use super::kafka_client::{
+    client_config, kafka_error, offsets_for_time, start_offset, Context, Rebalance, BATCH,
+};
 use super::registry::Registry;
 use crate::params::{KafkaParams, Start};
 
@@ -91,8 +92,10 @@ impl GroupHooks {
             },
         ))
     }
+}
 
-    pub(super) fn rebalance(
+impl Rebalance for GroupHooks {
+    fn rebalance(
         &self,
         ctx: &Context,
         consumer: &BaseConsumer<Context>,
@@ -169,6 +172,8 @@ impl GroupHooks {
 /// A member of the job's consumer group.
 pub struct KafkaGroup {
     consumer: Option<Arc<BaseConsumer<Context>>>,
+    /// The rebalance callback's state, shared with the consumer's context.
+    hooks: Arc<GroupHooks>,
     topic: String,
     source_name: String,
     timeout: Duration,
@@ -197,7 +202,7 @@ impl KafkaGroup {
             config.set("partition.assignment.strategy", "cooperative-sticky");
         }
         let timeout = Duration::from_millis(params.timeout_ms as u64);
-        let context = Context::with_group(GroupHooks {
+        let hooks = Arc::new(GroupHooks {
             consumer: OnceLock::new(),
             claimer: Mutex::new(claimer),
             events: Mutex::new(Vec::new()),
@@ -211,13 +216,12 @@ impl KafkaGroup {
             start,
             registry,
         });
+        let context = Context::with_group(Arc::clone(&hooks) as Arc<dyn Rebalance>);
         let consumer: BaseConsumer<Context> = config
             .create_with_context(context)
             .map_err(|e| err(format!("invalid Kafka configuration: {}", kafka_error(&e))))?;
         let consumer = Arc::new(consumer);
-        if let Some(g) = &consumer.context().group {
-            let _ = g.consumer.set(Arc::downgrade(&consumer));
-        }
+        let _ = hooks.consumer.set(Arc::downgrade(&consumer));
         // The topic must exist: subscribing to a missing one would wait for it silently.
         let metadata = consumer.fetch_metadata(Some(topic), timeout).map_err(|e| {
             let detail = consumer
@@ -247,14 +251,16 @@ impl KafkaGroup {
         })?;
         Ok(KafkaGroup {
             consumer: Some(consumer),
+            hooks,
             topic: topic.to_string(),
             source_name: source_name.to_string(),
             timeout,
         })
     }
 
+    /// The rebalance callback's state, while the consumer is open.
     fn hooks(&self) -> Option<&GroupHooks> {
-        self.consumer.as_ref()?.context().group.as_ref()
+        self.consumer.as_ref().map(|_| &*self.hooks)
     }
 }
 
@@ -325,13 +331,10 @@ impl GroupSource for KafkaGroup {
                 .iter()
                 .any(|e| e.topic() == self.topic && e.partition() == partition)
         });
-        let Some(hooks) = consumer.context().group.as_ref() else {
-            return Ok(None);
-        };
         if !assigned {
             return Ok(None);
         }
-        let (start, event) = hooks.take(&consumer, partition)?;
+        let (start, event) = self.hooks.take(&consumer, partition)?;
         // Assigned all along: the fetcher is moved to where the claim says, and what its queue
         // held was dropped by the claim.
         self.seek(partition, start)?;

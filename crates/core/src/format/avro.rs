@@ -8,7 +8,9 @@ use std::collections::HashMap;
 
 use apache_avro::Schema;
 
-use super::{array, varint, Out, ReadError};
+use super::bytes::{array, take, ReadError};
+use super::spans::{all_paths, masks, Out};
+use super::varint;
 use crate::decode::{FieldPath, Kind, MAX_DEPTH};
 
 /// A schema flattened into nodes (named types are shared, so recursive types are finite).
@@ -115,7 +117,7 @@ impl AvroSchema {
                         Node::Record(fields) => Some(
                             fields
                                 .iter()
-                                .map(|(name, _)| super::masks(paths, d, name.as_bytes()))
+                                .map(|(name, _)| masks(paths, d, name.as_bytes()))
                                 .collect(),
                         ),
                         _ => None,
@@ -125,7 +127,7 @@ impl AvroSchema {
             .collect();
         AvroPlan {
             masks,
-            all: super::all_paths(paths.len()),
+            all: all_paths(paths.len()),
             segments: paths
                 .iter()
                 .map(|p| p.segments().iter().map(|s| s.to_vec()).collect())
@@ -433,7 +435,7 @@ struct Cursor<'a> {
 impl<'a> Cursor<'a> {
     #[inline]
     fn take(&mut self, n: usize) -> Result<&'a [u8], ReadError> {
-        super::take(self.b, &mut self.i, n)
+        take(self.b, &mut self.i, n)
     }
 
     /// A union's branch: its index, then the node it names.

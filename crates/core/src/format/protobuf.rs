@@ -14,7 +14,10 @@ use prost_reflect::prost_types::FileDescriptorProto;
 use prost_reflect::{DescriptorPool, FileDescriptor, Kind as PKind, MessageDescriptor};
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
 
-use super::{array, take, varint, Out, ReadError, RegisteredSchema};
+use super::bytes::{array, take, ReadError};
+use super::registered::RegisteredSchema;
+use super::spans::{all_paths, masks, Out};
+use super::varint;
 use crate::decode::{FieldPath, Kind, MAX_DEPTH};
 
 /// The name the schema itself is compiled under (its references keep their own).
@@ -106,7 +109,7 @@ impl ProtoSchema {
                     .map(|msg| {
                         msg.fields
                             .iter()
-                            .map(|f| super::masks(paths, d, f.name.as_bytes()))
+                            .map(|f| masks(paths, d, f.name.as_bytes()))
                             .collect()
                     })
                     .collect()
@@ -117,7 +120,7 @@ impl ProtoSchema {
             msgs: b.msgs,
             root,
             masks,
-            all: super::all_paths(paths.len()),
+            all: all_paths(paths.len()),
         }
     }
 }

@@ -9,7 +9,7 @@ use apache_avro::Schema;
 use prost_reflect::{DynamicMessage, Value as PValue};
 
 use super::*;
-use crate::decode::FieldPath;
+use crate::decode::{FieldPath, Kind};
 
 fn paths(p: &[&str]) -> Vec<FieldPath> {
     p.iter().map(|s| FieldPath::parse(s).unwrap()).collect()

@@ -1,6 +1,6 @@
 //! Base-128 varints, as Avro (zigzag longs) and Protobuf (plain and zigzag) encode integers.
 
-use super::ReadError;
+use super::bytes::ReadError;
 
 const TRUNCATED: ReadError = ReadError::Bad("unexpected end of data");
 

@@ -161,7 +161,7 @@ impl AvroFileReader {
         let rest = &self.block[self.pos..];
         let len = match &*self.compiled {
             Compiled::Avro(s) => s.datum_len(rest),
-            _ => Err(crate::format::ReadError::Bad("not an Avro schema")),
+            _ => Err(crate::format::bytes::ReadError::Bad("not an Avro schema")),
         };
         let n = len.map_err(|_| {
             invalid(format!(

@@ -2,8 +2,8 @@
 //! finding the host a table function was registered with; the few things the `duckdb` crate
 //! has no safe way to do, each item saying what is missing. Everything else goes through
 //! `duckdb`'s `Connection`, `VTab`, `FlatVector` and `Value`. (The other unsafe code: writing
-//! output vectors in `out_vector.rs`, operating-system calls in `os.rs`, and the librdkafka
-//! batch queue in `source/kafka_batch.rs`.)
+//! output vectors in `host/out_vector.rs`, operating-system calls in `host/os.rs`, and the
+//! librdkafka batch queue in `source/kafka_batch.rs`.)
 
 use std::any::Any;
 use std::ffi::CString;
@@ -12,8 +12,9 @@ use std::sync::Arc;
 
 use duckdb::ffi;
 use duckdb::vtab::{BindInfo, TableFunctionInfo, VTab};
+use duckdb::Connection;
 
-use crate::host::Host;
+use crate::host::connections::Host;
 #[cfg(not(feature = "capi-v1-2"))]
 use crate::params::Setting;
 
@@ -34,7 +35,32 @@ fn c_string(s: &str) -> CString {
     CString::new(s.replace('\0', "\\0")).unwrap_or_default()
 }
 
-/// The entrypoint DuckDB calls on `LOAD streaming_etl` (ABI `C_STRUCT`).
+/// Defines the entrypoint DuckDB calls on `LOAD streaming_etl` (ABI `C_STRUCT`),
+/// `streaming_etl_init_c_api`, where it is used (the crate root), around `$load`: the function
+/// that registers the SQL functions once the settings are. A macro, as
+/// `duckdb-loadable-macros`' own entrypoint is, so that this module does not depend on what it
+/// loads; its body is [`load_extension`].
+macro_rules! entrypoint {
+    ($load:path) => {
+        /// The entrypoint DuckDB calls on `LOAD streaming_etl` (ABI `C_STRUCT`); see
+        /// `host::entry::load_extension`.
+        ///
+        /// # Safety
+        /// Called by DuckDB with the `info` and `access` of an extension load.
+        #[no_mangle]
+        pub unsafe extern "C" fn streaming_etl_init_c_api(
+            info: ::duckdb::ffi::duckdb_extension_info,
+            access: *const ::duckdb::ffi::duckdb_extension_access,
+        ) -> bool {
+            // SAFETY: DuckDB calls this with the `info` and `access` of an extension load.
+            unsafe { $crate::host::entry::load_extension(info, access, $load) }
+        }
+    };
+}
+pub(crate) use entrypoint;
+
+/// What the entrypoint does: loads the extension, registering the settings and then calling
+/// `load` with a connection to the database.
 ///
 /// Missing in `duckdb-loadable-macros`: its `duckdb_entrypoint_c_api` hands the extension a
 /// `Connection` only, and the `duckdb` crate can neither register a setting nor give out the
@@ -43,15 +69,15 @@ fn c_string(s: &str) -> CString {
 /// `Connection::open_from_raw`), plus registering the settings on a raw connection.
 ///
 /// # Safety
-/// Called by DuckDB with the `info` and `access` of an extension load.
-#[no_mangle]
-pub unsafe extern "C" fn streaming_etl_init_c_api(
+/// Called by DuckDB's entrypoint with the `info` and `access` of an extension load.
+pub unsafe fn load_extension(
     info: ffi::duckdb_extension_info,
     access: *const ffi::duckdb_extension_access,
+    load: fn(Connection) -> Result<(), String>,
 ) -> bool {
     let result = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: DuckDB passes a valid `access` for the duration of this call.
-        unsafe { init(info, access) }
+        unsafe { init(info, access, load) }
     }));
     let error = match result {
         Ok(Ok(loaded)) => return loaded,
@@ -71,6 +97,7 @@ pub unsafe extern "C" fn streaming_etl_init_c_api(
 unsafe fn init(
     info: ffi::duckdb_extension_info,
     access: *const ffi::duckdb_extension_access,
+    load: fn(Connection) -> Result<(), String>,
 ) -> Result<bool, String> {
     // SAFETY: fills the C API function table for this version; `access` is valid during the load.
     let have_api = unsafe { ffi::duckdb_rs_extension_api_init(info, access, C_API_VERSION) }
@@ -97,9 +124,9 @@ unsafe fn init(
     #[cfg(feature = "capi-v1-2")]
     check_value_handles()?;
     // SAFETY: as above; the connection does not close the database when dropped.
-    let conn = unsafe { duckdb::Connection::open_from_raw(db) }
-        .map_err(|e| format!("streaming_etl: {e}"))?;
-    crate::load(conn).map(|()| true)
+    let conn =
+        unsafe { Connection::open_from_raw(db) }.map_err(|e| format!("streaming_etl: {e}"))?;
+    load(conn).map(|()| true)
 }
 
 /// Registers VARCHAR settings (`SET name = '...'`). Missing in `duckdb`: config options. (C API
@@ -148,7 +175,7 @@ unsafe fn register_settings(db: ffi::duckdb_database, settings: &[Setting]) -> R
 /// The host registered as the extra info of every table function of the extension.
 /// Missing in `duckdb`: `get_extra_info` returns a raw pointer.
 pub fn bind_host(bind: &BindInfo) -> Option<Arc<Host>> {
-    // SAFETY: every table function of this extension is registered (in `crate::load`) with
+    // SAFETY: every table function of this extension is registered (in the crate's `load`) with
     // an `Arc<Host>` extra info, which lives as long as the function's catalog entry.
     unsafe { bind.get_extra_info::<Arc<Host>>().as_ref().cloned() }
 }

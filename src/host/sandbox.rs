@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use streaming_etl_core::{fixed_prefix, glob, lexical_absolute, EtlError, PathPolicy, Result};
 
-use crate::args::{Arg, Args};
+use crate::host::args::{Arg, Args};
 
 /// A path the operator allowed, as written (normalised by name) and as it resolves (symlinks
 /// followed), so that neither `..` nor a symlink leads out of it.

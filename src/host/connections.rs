@@ -76,7 +76,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Host {
     /// Takes the connections opened at load time and starts the watcher.
     pub fn start(conns: Vec<Connection>, db_path: Option<String>) -> Arc<Host> {
-        AT_EXIT.call_once(|| crate::os::at_exit(on_exit));
+        AT_EXIT.call_once(|| crate::host::os::at_exit(on_exit));
         let host = Arc::new(Host {
             size: AtomicUsize::new(conns.len()),
             pool: Mutex::new(conns),
@@ -168,7 +168,7 @@ impl Host {
         // Dropping the last connection closes the database (checkpoint, file lock) here,
         // outside the pool lock. Registering the exit handler again first makes an exit that
         // races this close wait for it, before DuckDB's statics created since load are gone.
-        crate::os::at_exit(on_exit);
+        crate::host::os::at_exit(on_exit);
         drop(last);
         self.freed.notify_all();
         true

@@ -12,10 +12,11 @@ use streaming_etl_core::{Cell, ColumnType, EtlError};
 use streaming_etl_runtime::checkpoint::{inspect, CheckpointRow};
 use streaming_etl_runtime::config::CheckpointLocation;
 
+use super::result::{add_columns, write_row, ResultColumn};
+use crate::host::entry;
+use crate::host::sandbox::Sandbox;
+use crate::host::sql_error::contained;
 use crate::params::{checkpoint_job, checkpoint_location, CHECKPOINT_PARAMS};
-use crate::result::{add_columns, write_row, ResultColumn};
-use crate::sandbox::Sandbox;
-use crate::{contained, entry};
 
 fn opt(v: Option<i64>) -> Cell<'static> {
     v.map_or(Cell::Null, Cell::I64)
@@ -175,6 +176,8 @@ impl VTab for CheckpointFunction {
     }
 
     fn named_parameters() -> Option<Vec<(String, LogicalTypeHandle)>> {
-        Some(crate::named_parameters(CHECKPOINT_PARAMS))
+        Some(crate::host::param_types::named_parameters(
+            CHECKPOINT_PARAMS,
+        ))
     }
 }

@@ -11,9 +11,9 @@ use duckdb::core::{DataChunkHandle, LogicalTypeHandle, LogicalTypeId};
 use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
 use streaming_etl_core::{EtlError, RowCursor, Rows};
 
-use crate::contained;
-use crate::out_vector::OutVector;
-use crate::result::{logical_type, write_cell};
+use super::result::{logical_type, write_cell};
+use crate::host::out_vector::OutVector;
+use crate::host::sql_error::contained;
 
 pub const NAME: &str = "__streaming_etl_batch";
 
@@ -67,7 +67,7 @@ impl VTab for BatchFunction {
             let value = bind.get_parameter(0);
             // (DuckDB 1.4 throws on reading a NULL as an integer.)
             #[cfg(feature = "capi-v1-2")]
-            let id = if crate::entry::is_null_value(&value) {
+            let id = if crate::host::entry::is_null_value(&value) {
                 -1
             } else {
                 value.to_int64()

@@ -6,7 +6,7 @@ use duckdb::core::{DataChunkHandle, LogicalTypeHandle, LogicalTypeId};
 use duckdb::vtab::BindInfo;
 use streaming_etl_core::{Cell, ColumnType, EtlError, Result};
 
-use crate::out_vector::OutVector;
+use crate::host::out_vector::OutVector;
 
 /// One result column of a function whose rows are `R`s.
 pub struct ResultColumn<R> {

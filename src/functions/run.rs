@@ -20,16 +20,17 @@ use streaming_etl_runtime::group::{GroupEnv, GroupRun};
 use streaming_etl_runtime::job::{Run, RunEnv, RunStats, SourceOpener};
 use streaming_etl_runtime::lock::JobLock;
 
-use crate::catalog::OutputCatalog;
-use crate::host::Host;
+use super::result::{add_columns, write_row, ResultColumn};
+use crate::host::connections::Host;
+use crate::host::entry;
+use crate::host::sql_error::contained;
 use crate::params::{parse_run, RunPlan, SourceSpec, Start, RUN_PARAMS};
-use crate::partition_store::LakeStore;
-use crate::result::{add_columns, write_row, ResultColumn};
-use crate::sink::DuckSink;
+use crate::sink::catalog::OutputCatalog;
+use crate::sink::duck_sink::DuckSink;
+use crate::sink::partition_store::LakeStore;
 use crate::source::kafka::{KafkaOptions, KafkaSource};
 use crate::source::kafka_group::KafkaGroup;
 use crate::source::registry::Registry;
-use crate::{contained, entry};
 
 fn count(v: u64) -> Cell<'static> {
     Cell::I64(i64::try_from(v).unwrap_or(i64::MAX))
@@ -150,7 +151,7 @@ fn start(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Result<An
     let job = &plan.job;
     let (lock, checkpoint) = match &job.checkpoint {
         CheckpointLocation::File(path) => {
-            let lock = crate::os::lock_job_file(path, &job.job)?;
+            let lock = crate::host::os::lock_job_file(path, &job.job)?;
             (lock, Checkpoint::open_file(path)?)
         }
         CheckpointLocation::Memory => (
@@ -293,7 +294,7 @@ fn source_opener(plan: &RunPlan) -> SourceOpener {
 /// transaction, which writes one catalog), and that compaction asks for a DuckLake.
 fn output_catalog(host: &Arc<Host>, plan: &RunPlan) -> Result<OutputCatalog> {
     let pooled = host.checkout()?;
-    let catalog = crate::catalog::resolve(pooled.conn()?, &plan.tables)?;
+    let catalog = crate::sink::catalog::resolve(pooled.conn()?, &plan.tables)?;
     if let Some(c) = &plan.compaction {
         if !catalog.is_ducklake() {
             return Err(EtlError::invalid(
@@ -388,12 +389,12 @@ impl VTab for RunFunction {
         Some(
             crate::params::RUN_POSITIONAL
                 .iter()
-                .map(|&ty| crate::logical_type(ty))
+                .map(|&ty| crate::host::param_types::logical_type(ty))
                 .collect(),
         )
     }
 
     fn named_parameters() -> Option<Vec<(String, LogicalTypeHandle)>> {
-        Some(crate::named_parameters(RUN_PARAMS))
+        Some(crate::host::param_types::named_parameters(RUN_PARAMS))
     }
 }

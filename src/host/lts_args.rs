@@ -5,14 +5,14 @@
 
 use duckdb::vtab::{BindInfo, Value};
 
-use crate::args::{parse_list_text, parse_map_text, Arg, Args};
+use crate::host::args::{parse_list_text, parse_map_text, Arg, Args};
 use crate::params::ParamType;
 
 /// DuckDB 1.4's `Value` (duckdb-rs 1.4) shows a value only as text (DuckDB's cast to VARCHAR)
 /// or as an integer. DuckDB has already cast every argument to its declared type, so the text is
 /// read back by that type (NULL was told apart before: see `entry::is_null_value`).
 fn arg_of_value(v: &Value, ty: ParamType) -> Arg {
-    if crate::entry::is_null_value(v) {
+    if crate::host::entry::is_null_value(v) {
         return Arg::Null;
     }
     arg_of_text(v.to_string(), ty)
@@ -74,7 +74,7 @@ impl Args for BindInfo {
         if crate::params::SETTINGS.iter().any(|s| s.name == name) {
             return None;
         }
-        let host = crate::entry::bind_host(self)?;
+        let host = crate::host::entry::bind_host(self)?;
         let (ty, text) = host.global_setting(name)?;
         let ty = match ty.as_str() {
             "BOOLEAN" => ParamType::Boolean,

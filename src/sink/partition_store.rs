@@ -23,12 +23,12 @@ use streaming_etl_runtime::group::{
     parse_settings, settings_text, Claim, Moved, PartitionCommit, PartitionSnapshot, PartitionStore,
 };
 
-use crate::catalog::OutputCatalog;
-use crate::host::PooledConn;
+use super::catalog::OutputCatalog;
+use super::insert::{insert_parts, Part, Verb};
+use super::lake::{compact, with_retry, with_retry_for};
+use super::tables::{ensure_table, sink_error};
+use crate::host::connections::PooledConn;
 use crate::params::{Compaction, TableName, WriteMode};
-use crate::sink::{
-    compact, ensure_table, insert_parts, sink_error, with_retry, with_retry_for, Part, Verb,
-};
 
 /// How long claims and commits retry conflicts: the members of a job contend for the state
 /// table all the time (claims on its anchor row, commits where one file holds rows of

@@ -1,0 +1,49 @@
+//! Where a job's progress is kept: the checkpoint location (`checkpoint`, the
+//! `streaming_etl_checkpoint` setting, or beside the database file) and the `job` argument of
+//! `streaming_etl_checkpoint`.
+
+use streaming_etl_core::Result;
+use streaming_etl_runtime::config::CheckpointLocation;
+
+use super::given::Given;
+use super::table::*;
+use crate::host::args::{Arg, Args};
+use crate::host::sandbox::Sandbox;
+
+/// Resolves the checkpoint location: the `checkpoint` argument, else the
+/// `streaming_etl_checkpoint` setting, else next to the database file (in memory for an
+/// in-memory database). A file the user named must be allowed by DuckDB's sandbox; the default
+/// one is the database's own state.
+pub fn checkpoint_location(
+    args: &dyn Args,
+    db_path: Option<&str>,
+    sandbox: &Sandbox,
+) -> Result<CheckpointLocation> {
+    let given = Given::read(args, CHECKPOINT_PARAMS);
+    let chosen = match given.text(ParamId::Checkpoint)? {
+        Some(p) => Some(p),
+        None => match args.setting(SETTING_CHECKPOINT) {
+            Some(Arg::Text(s)) => Some(s),
+            _ => None,
+        },
+    };
+    let default = db_path.map(|db| format!("{db}.streaming_etl.sqlite"));
+    Ok(match chosen.filter(|p| !p.trim().is_empty()) {
+        Some(p) if p == ":memory:" => CheckpointLocation::Memory,
+        Some(p) => {
+            if default.as_deref() != Some(p.as_str()) {
+                sandbox.check_checkpoint(&p)?;
+            }
+            CheckpointLocation::File(p)
+        }
+        None => match default {
+            Some(path) => CheckpointLocation::File(path),
+            None => CheckpointLocation::Memory,
+        },
+    })
+}
+
+/// The `job` argument of `streaming_etl_checkpoint`.
+pub fn checkpoint_job(args: &dyn Args) -> Result<Option<String>> {
+    Given::read(args, CHECKPOINT_PARAMS).text(ParamId::Job)
+}

@@ -1,0 +1,288 @@
+//! The DuckDB sink of a run ([`DuckSink`]): creates a job's tables from their declared schemas
+//! and writes a cycle's output through the extension's own connection, in one transaction,
+//! idempotently, with the batch's marker in the same transaction (the checkpoint asks it whether
+//! a batch landed). The statements are in `insert.rs`, the tables' creation in `tables.rs`.
+//!
+//! Each table's rows go in with one `INSERT ... SELECT` from `__streaming_etl_batch` (DuckDB reads
+//! them a vector at a time; no SQL text and no call per value). `upsert` mode: rows are upserted
+//! by each table's primary key (windows by key and window start, late events and dead letters
+//! by topic, partition and offset), so applying a batch again after a crash changes nothing. A
+//! batch applied for the first time is inserted plainly (its rows cannot exist yet); a batch
+//! applied again (the outbox after a crash), or one whose insert hits rows that exist (a job
+//! restarted from scratch over its old tables), is inserted with `INSERT OR REPLACE`.
+//!
+//! Every batch's number is written to a marker table in the same transaction: a state the
+//! checkpoint holds in doubt is kept if its batch's marker is there. `append` mode (and any
+//! table the user created without a key): no index to maintain; a replay of a batch that was
+//! applied (an older checkpoint's outbox) finds its marker and is skipped.
+//!
+//! Catalogs without keys (DuckLake): `upsert` is a `MERGE` on the key columns, the marker table
+//! is appended to (never deleted from), a commit that conflicts with another writer is retried a
+//! bounded number of times, and `compact_every` merges the lake's small files now and then (both
+//! in `lake.rs`).
+
+use std::collections::HashMap;
+
+use duckdb::Connection;
+use streaming_etl_core::{ByTable, EtlError, OutputSchemas, Result};
+use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
+
+use super::catalog::OutputCatalog;
+use super::insert::{insert, revision_columns, Verb};
+use super::lake::{compact, with_retry};
+use super::tables::{ensure_table, sink_error};
+use crate::host::connections::PooledConn;
+use crate::params::{Compaction, TableName, WriteMode};
+
+/// The table that records, per job, the last batch applied.
+pub const MARKER_TABLE: &str = "streaming_etl_batches";
+
+/// How a table takes a batch's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Keys {
+    /// No key: appended (a marker table records the batch).
+    #[default]
+    None,
+    /// A primary key (DuckDB's storage): `INSERT OR REPLACE` where rows may exist.
+    Primary,
+    /// Key columns without an index (a catalog without keys): `MERGE` on them.
+    Merge,
+}
+
+pub struct DuckSink {
+    conn: PooledConn,
+    mode: WriteMode,
+    /// The job's tables as parsed at bind time.
+    job_tables: ByTable<TableName>,
+    /// The catalog they are in (resolved at bind time).
+    catalog: OutputCatalog,
+    compaction: Option<Compaction>,
+    /// Per set of tables: how each takes rows, and the marker table.
+    prepared: HashMap<Tables, (ByTable<Keys>, String)>,
+}
+
+impl DuckSink {
+    pub fn new(
+        conn: PooledConn,
+        mode: WriteMode,
+        tables: &ByTable<TableName>,
+        catalog: OutputCatalog,
+        compaction: Option<Compaction>,
+    ) -> DuckSink {
+        DuckSink {
+            conn,
+            mode,
+            job_tables: tables.clone(),
+            catalog,
+            compaction,
+            prepared: HashMap::new(),
+        }
+    }
+
+    /// The marker table beside the windows table (same catalog and schema: one transaction
+    /// writes both).
+    fn marker_table(&self, tables: &Tables) -> String {
+        let windows = if *tables == self.job_tables.as_ref().map(TableName::sql) {
+            self.job_tables.windows.clone()
+        } else {
+            // Tables of a batch an earlier run left in the outbox: their names as it stored
+            // them, which were parsed and quoted when that run started.
+            TableName::parse(&tables.windows).unwrap_or(TableName { parts: Vec::new() })
+        };
+        windows.sibling(MARKER_TABLE).sql()
+    }
+}
+
+/// How a batch meets its tables.
+struct WritePlan<'a> {
+    /// How each table takes rows.
+    keys: ByTable<Keys>,
+    /// A table with a primary key takes the batch by appending (its rows cannot exist yet)
+    /// rather than by upserting.
+    append_keyed: bool,
+    /// The marker table that records the batch.
+    marker: &'a str,
+    /// Whether the marker table keeps one row per job (DuckDB's storage) or is appended to.
+    prune_marker: bool,
+}
+
+impl WritePlan<'_> {
+    fn verb(&self, keys: Keys) -> Verb {
+        match keys {
+            Keys::None => Verb::Insert,
+            Keys::Primary if self.append_keyed => Verb::Insert,
+            Keys::Primary => Verb::Replace,
+            Keys::Merge => Verb::Merge,
+        }
+    }
+}
+
+/// Writes the batch's three tables, and its marker, in one transaction.
+fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Result<()> {
+    conn.execute_batch("BEGIN TRANSACTION")
+        .map_err(|e| EtlError::Duck(e.to_string()))?;
+    let result = (|| {
+        let parts = out.tables.as_ref().zip(out.schemas.as_ref());
+        for (((table, schema), rows), keys) in parts.zip(out.batch.as_ref()).zip(plan.keys) {
+            let verb = match plan.verb(keys) {
+                // A window's row may be in the table already, from an earlier cycle.
+                Verb::Insert if keys == Keys::Primary && revision_columns(schema).is_some() => {
+                    Verb::Replace
+                }
+                verb => verb,
+            };
+            insert(conn, table, schema, rows, verb)?;
+        }
+        let marker = plan.marker;
+        // Batches are applied in order, each one only once the ones before it are confirmed:
+        // the job's latest marker is the only one a replay or a state in doubt can need.
+        if plan.prune_marker {
+            conn.execute(
+                &format!("DELETE FROM {marker} WHERE job = ?"),
+                duckdb::params![out.job],
+            )
+            .map_err(|e| sink_error(marker, e))?;
+        }
+        conn.execute(
+            &format!("INSERT INTO {marker} VALUES (?, ?, ?, epoch_ms(now()))"),
+            duckdb::params![out.job, out.job_created_ms, out.seq],
+        )
+        .map_err(|e| sink_error(marker, e))?;
+        streaming_etl_runtime::fault::crash_point("sink-before-commit");
+        conn.execute_batch("COMMIT")
+            .map_err(|e| sink_error(&out.tables.windows, e))
+    })();
+    if result.is_err() {
+        // A failed statement leaves the transaction aborted; the connection must be reset
+        // before it can be used again.
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    result
+}
+
+/// Whether the marker table records this batch as applied.
+fn applied(conn: &Connection, marker: &str, out: &Output<'_>) -> Result<bool> {
+    conn.query_row(
+        &format!("SELECT count(*) FROM {marker} WHERE job = ? AND job_created_ms = ? AND seq = ?"),
+        duckdb::params![out.job, out.job_created_ms, out.seq],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n > 0)
+    .map_err(|e| sink_error(marker, e))
+}
+
+impl OutputSink for DuckSink {
+    fn prepare(&mut self, tables: &Tables, schemas: &OutputSchemas) -> Result<()> {
+        let conn = self.conn.conn()?;
+        let catalog_keys = self.catalog.has_keys();
+        let mut keys = ByTable::<Keys>::default();
+        for ((table, schema), k) in tables.as_ref().zip(schemas.as_ref()).zip(keys.as_mut()) {
+            let declared = match self.mode {
+                WriteMode::Upsert => schema.clone(),
+                WriteMode::Append => schema.without_key(),
+            };
+            // Two jobs creating a lake's table at once conflict; the one that retries finds it.
+            let mut primary = false;
+            with_retry(table, || {
+                primary = ensure_table(conn, table, &declared, catalog_keys).inspect_err(|_| {
+                    let _ = conn.execute_batch("ROLLBACK");
+                })?;
+                Ok(())
+            })?;
+            *k = match (primary, self.mode) {
+                (true, _) => Keys::Primary,
+                (false, WriteMode::Upsert) if !catalog_keys => Keys::Merge,
+                _ => Keys::None,
+            };
+        }
+        let m = self.marker_table(tables);
+        with_retry(&m, || {
+            conn.execute_batch(&format!(
+                "CREATE TABLE IF NOT EXISTS {m} (job VARCHAR, job_created_ms BIGINT, seq BIGINT, applied_ms BIGINT)"
+            ))
+            .map_err(|e| {
+                let _ = conn.execute_batch("ROLLBACK");
+                sink_error(&m, e)
+            })
+        })?;
+        self.prepared.insert(tables.clone(), (keys, m));
+        Ok(())
+    }
+
+    fn apply(&mut self, out: &Output<'_>) -> Result<()> {
+        if out.batch.is_empty() {
+            return Ok(());
+        }
+        let conn = self.conn.conn()?;
+        let (keys, marker) = self
+            .prepared
+            .get(out.tables)
+            .cloned()
+            .ok_or_else(|| EtlError::Internal("a batch for tables not prepared".into()))?;
+        let marker = marker.as_str();
+        let mut plan = WritePlan {
+            keys,
+            append_keyed: !out.replay,
+            marker,
+            prune_marker: self.catalog.has_keys(),
+        };
+        with_retry(&out.tables.windows, || {
+            // A replay, or a retry after a conflict that may have landed after all: the marker
+            // says whether the batch is there.
+            if (out.replay || !plan.append_keyed) && applied(conn, marker, out)? {
+                return Ok(());
+            }
+            if plan.append_keyed && write_batch(conn, out, &plan).is_ok() {
+                return Ok(());
+            }
+            plan.append_keyed = false;
+            write_batch(conn, out, &plan)
+        })?;
+        if let Some(c) = &self.compaction {
+            if self.catalog.is_ducklake() && out.seq % c.every == 0 {
+                // The cycle is committed: a compaction that fails (another writer compacting the
+                // same lake) is only tried again later.
+                if let Err(e) = compact(
+                    conn,
+                    &self.catalog.name,
+                    out.tables,
+                    Some(marker),
+                    c.retain_ms,
+                ) {
+                    eprintln!("streaming_etl: {e} (tried again in {} cycles)", c.every);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn landed(
+        &mut self,
+        tables: &Tables,
+        job: &str,
+        job_created_ms: i64,
+        seq: i64,
+    ) -> Result<bool> {
+        let conn = self.conn.conn()?;
+        let marker = self.marker_table(tables);
+        // A marker table that is not there (the tables were dropped or renamed) has no marker.
+        let exists = conn
+            .prepare(&format!("SELECT 1 FROM {marker} LIMIT 0"))
+            .is_ok();
+        if !exists {
+            return Ok(false);
+        }
+        conn.query_row(
+            &format!(
+                "SELECT coalesce(max(seq), -1) FROM {marker} WHERE job = ? AND job_created_ms = ?"
+            ),
+            duckdb::params![job, job_created_ms],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|latest| latest >= seq)
+        .map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            sink_error(&marker, e)
+        })
+    }
+}

@@ -1,0 +1,216 @@
+//! Writing a batch's rows into a table with one statement that reads them through
+//! [`__streaming_etl_batch`](crate::functions::batch): a plain insert, an `INSERT OR REPLACE` by
+//! primary key, or a `MERGE` on the key columns (catalogs without keys); windows with revisions
+//! keep the latest row per key, and a retracted one deletes it.
+
+use std::sync::Arc;
+
+use duckdb::Connection;
+use streaming_etl_core::{ColumnType, Result, Rows, TableSchema};
+
+use super::tables::{column_list, sink_error};
+use crate::functions::batch::{self, Lent};
+use crate::params::quote_ident;
+
+/// How one write meets a table's existing rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verb {
+    Insert,
+    /// Rows whose primary key exists replace them.
+    Replace,
+    /// Rows whose key columns match replace them (no index: a `MERGE`).
+    Merge,
+}
+
+/// Rows of one batch for a table; `partition` adds that number as the table's last column
+/// (`subscribe` runs: a windows row per partition).
+pub(crate) struct Part<'a> {
+    pub rows: &'a Rows,
+    pub partition: Option<i32>,
+}
+
+/// Writes `rows` into `table` (its columns named, so a table with more columns works) with one
+/// statement reading [`__streaming_etl_batch`](crate::functions::batch): DuckDB takes the rows a
+/// vector at a time.
+pub(crate) fn insert(
+    conn: &Connection,
+    table: &str,
+    schema: &TableSchema,
+    rows: &Rows,
+    verb: Verb,
+) -> Result<()> {
+    insert_parts(
+        conn,
+        table,
+        schema,
+        &[Part {
+            rows,
+            partition: None,
+        }],
+        verb,
+    )
+}
+
+/// Writes several parts into `table` with one statement (their rows, one after the other).
+pub(crate) fn insert_parts(
+    conn: &Connection,
+    table: &str,
+    schema: &TableSchema,
+    parts: &[Part<'_>],
+    verb: Verb,
+) -> Result<()> {
+    let parts: Vec<&Part<'_>> = parts.iter().filter(|p| !p.rows.is_empty()).collect();
+    if parts.is_empty() {
+        return Ok(());
+    }
+    let lent: Vec<Lent> = parts
+        .iter()
+        .map(|p| Lent::new(Arc::new(p.rows.clone())))
+        .collect();
+    let selects: Vec<String> = parts
+        .iter()
+        .zip(&lent)
+        .map(|(p, lent)| {
+            // Qualified: a macro of the same name in the user's schema cannot stand in for it.
+            let batch = format!("system.main.{}({})", batch::NAME, lent.id);
+            match p.partition {
+                Some(k) => format!(
+                    "SELECT *, CAST({k} AS INTEGER) AS c{} FROM {batch}",
+                    p.rows.types().len()
+                ),
+                None => format!("SELECT * FROM {batch}"),
+            }
+        })
+        .collect();
+    let query = selects.join(" UNION ALL ");
+    let keyed = verb != Verb::Insert && !schema.primary_key.is_empty();
+    let sql = match revision_columns(schema).filter(|_| keyed) {
+        // Windows with revisions into a keyed table: the latest row per key wins, and a
+        // retracted one deletes the key's row.
+        Some((revision, retracted)) => {
+            let key: Vec<String> = key_positions(schema)
+                .iter()
+                .map(|i| format!("c{i}"))
+                .collect();
+            let latest = format!(
+                "SELECT * FROM ({query}) QUALIFY row_number() OVER (PARTITION BY {} ORDER BY c{revision} DESC) = 1",
+                key.join(", ")
+            );
+            // (DuckLake's MERGE takes one UPDATE or DELETE action: the deletes go first, apart.)
+            let delete = format!(
+                "DELETE FROM {table} AS t USING ({latest}) AS s WHERE {} AND s.c{retracted}",
+                key_match(schema)
+            );
+            let live = format!("SELECT * FROM ({latest}) WHERE NOT c{retracted}");
+            match verb {
+                Verb::Merge => format!("{delete}; {}", merge_sql(table, schema, &live)),
+                // (A keyed table with revisions is never written with a plain insert: see
+                // `write_batch`.)
+                Verb::Insert | Verb::Replace => format!(
+                    "{delete}; INSERT OR REPLACE INTO {table} ({}) {live}",
+                    column_list(schema),
+                ),
+            }
+        }
+        None => match verb {
+            Verb::Insert | Verb::Replace => format!(
+                "{} INTO {table} ({}) {query}",
+                if verb == Verb::Replace {
+                    "INSERT OR REPLACE"
+                } else {
+                    "INSERT"
+                },
+                column_list(schema),
+            ),
+            Verb::Merge => merge_sql(table, schema, &query),
+        },
+    };
+    conn.execute_batch(&sql).map_err(|e| sink_error(table, e))
+}
+
+/// The positions of `revision` and `retracted` in a windows table whose rows
+/// have revisions (`emit := 'update'`, `late_updates_ms`): the three BOOLEAN/BIGINT/BOOLEAN
+/// columns after the aggregates (no aggregate is BOOLEAN, so they cannot be mistaken).
+pub(crate) fn revision_columns(schema: &TableSchema) -> Option<(usize, usize)> {
+    let cols = &schema.columns;
+    let at = cols.iter().position(|c| c.name == "final")?;
+    let names = cols.get(at..at + 3)?;
+    let fits = names.iter().map(|c| (c.name.as_str(), c.ty)).eq([
+        ("final", ColumnType::Boolean),
+        ("revision", ColumnType::BigInt),
+        ("retracted", ColumnType::Boolean),
+    ]);
+    fits.then_some((at + 1, at + 2))
+}
+
+fn key_positions(schema: &TableSchema) -> Vec<usize> {
+    schema
+        .primary_key
+        .iter()
+        .filter_map(|k| schema.columns.iter().position(|c| &c.name == k))
+        .collect()
+}
+
+/// `t.k = s.cI AND ...` over the key columns (NULL keys match NULL, as a key's equality does).
+fn key_match(schema: &TableSchema) -> String {
+    key_positions(schema)
+        .iter()
+        .map(|&i| {
+            format!(
+                "t.{} IS NOT DISTINCT FROM s.c{i}",
+                quote_ident(&schema.columns[i].name)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// `MERGE INTO` on the schema's key columns (NULL keys match NULL, as a key's equality does);
+/// `query` reads the batch function, whose columns are `c0, c1, ...` in the schema's order.
+fn merge_sql(table: &str, schema: &TableSchema, query: &str) -> String {
+    let col = |i: usize| format!("s.c{i}");
+    let mut on = Vec::new();
+    let mut set = Vec::new();
+    for (i, c) in schema.columns.iter().enumerate() {
+        let name = quote_ident(&c.name);
+        if schema.primary_key.iter().any(|k| k == &c.name) {
+            on.push(format!("t.{name} IS NOT DISTINCT FROM {}", col(i)));
+        } else {
+            set.push(format!("{name} = {}", col(i)));
+        }
+    }
+    let values: Vec<String> = (0..schema.columns.len()).map(col).collect();
+    let matched = if set.is_empty() {
+        String::new()
+    } else {
+        format!(" WHEN MATCHED THEN UPDATE SET {}", set.join(", "))
+    };
+    format!(
+        "MERGE INTO {table} AS t USING ({query}) AS s ON ({}){matched} WHEN NOT MATCHED THEN INSERT ({}) VALUES ({})",
+        on.join(" AND "),
+        column_list(schema),
+        values.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use streaming_etl_core::ColumnType;
+
+    #[test]
+    fn a_merge_matches_on_the_key_columns_with_nulls_equal() {
+        let schema = TableSchema::new(
+            &[
+                ("window_start_ms", ColumnType::BigInt),
+                ("key", ColumnType::Varchar),
+                ("count", ColumnType::BigInt),
+            ],
+            &["key", "window_start_ms"],
+        );
+        assert_eq!(
+            merge_sql("\"lake\".\"w\"", &schema, "SELECT * FROM b(1)"),
+            "MERGE INTO \"lake\".\"w\" AS t USING (SELECT * FROM b(1)) AS s ON (t.\"window_start_ms\" IS NOT DISTINCT FROM s.c0 AND t.\"key\" IS NOT DISTINCT FROM s.c1) WHEN MATCHED THEN UPDATE SET \"count\" = s.c2 WHEN NOT MATCHED THEN INSERT (\"window_start_ms\", \"key\", \"count\") VALUES (s.c0, s.c1, s.c2)"
+        );
+    }
+}

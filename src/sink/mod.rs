@@ -1,0 +1,13 @@
+//! The sink: a job's output tables in an attached catalog of the host database. A run's sink
+//! ([`duck_sink`]) creates its tables ([`tables`]) and writes each cycle's batch and its marker
+//! in one transaction, each table with one statement ([`insert`]), trying commits that conflict
+//! again and compacting a DuckLake ([`lake`]); [`catalog`] says which catalog the tables are in
+//! and what it can do; a `subscribe` run keeps its partitions' state beside them
+//! ([`partition_store`]).
+
+pub mod catalog;
+pub mod duck_sink;
+pub mod insert;
+pub mod lake;
+pub mod partition_store;
+pub mod tables;
