@@ -11,23 +11,27 @@ use std::sync::{Arc, Mutex, PoisonError};
 use duckdb::core::{DataChunkHandle, LogicalTypeHandle};
 use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
 use streaming_etl_core::{
-    Cell, ColumnType, EtlError, FileOptions, FileSource, Format, PartitionState, Result, Source,
+    Cell, ColumnType, EtlError, FileOptions, FileSource, Format, PartitionState, ResolverHandle,
+    Result, Source,
 };
 use streaming_etl_runtime::checkpoint::Checkpoint;
 use streaming_etl_runtime::clock::SystemClock;
-use streaming_etl_runtime::config::CheckpointLocation;
+use streaming_etl_runtime::config::{CheckpointLocation, JobConfig};
 use streaming_etl_runtime::group::{GroupEnv, GroupRun};
 use streaming_etl_runtime::job::{Run, RunEnv, RunStats, SourceOpener};
 use streaming_etl_runtime::lock::JobLock;
 
 use super::result::{add_columns, write_row, ResultColumn};
-use crate::host::connections::Host;
+use crate::host::binder::bind_typed;
+use crate::host::connections::{Host, SharedConn};
+use crate::host::resolver::DuckResolver;
 use crate::host::entry;
 use crate::host::sql_error::contained;
 use crate::params::{parse_run, RunPlan, SourceSpec, Start, RUN_PARAMS};
 use crate::sink::catalog::OutputCatalog;
 use crate::sink::duck_sink::DuckSink;
-use crate::sink::partition_store::LakeStore;
+use crate::sink::partition_store::{windows_with_partition, LakeStore};
+use crate::sink::staged::{staged_table, Staging};
 use crate::source::kafka::{KafkaOptions, KafkaSource};
 use crate::source::kafka_group::KafkaGroup;
 use crate::source::registry::Registry;
@@ -159,15 +163,24 @@ fn start(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Result<An
             host.memory_checkpoint()?,
         ),
     };
+    let conn = SharedConn::new(host.checkout()?);
+    let job = with_resolver(job, &conn);
+    let staging = Staging::of(
+        &job.engine,
+        staged_table(&plan.tables.windows).sql(),
+        &job.engine.schemas().windows,
+        false,
+    );
     let sink = DuckSink::new(
-        host.checkout()?,
+        conn,
         plan.write_mode,
         &plan.tables,
         catalog.clone(),
         plan.compaction,
-    );
+    )
+    .with_staging(staging);
     Run::start(
-        Arc::new(job.clone()),
+        Arc::new(job),
         RunEnv {
             checkpoint,
             lock,
@@ -179,19 +192,39 @@ fn start(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Result<An
     .map(|r| AnyRun::Single(Box::new(r)))
 }
 
+/// The job, with DuckDB converting the values of its typed columns the core cannot, on the
+/// run's connection.
+fn with_resolver(job: &JobConfig, conn: &SharedConn) -> JobConfig {
+    let mut job = job.clone();
+    if !job.engine.columns.is_empty() {
+        job.engine.resolver = ResolverHandle(Some(DuckResolver::new(conn.clone())));
+    }
+    job
+}
+
 /// A consumer group member: no checkpoint file and no job lock (several processes run the
 /// job); its partitions' state is claimed from and committed to the output catalog.
 fn start_group(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Result<GroupRun> {
     let job = &plan.job;
+    let conn = SharedConn::new(host.checkout()?);
+    let job = &with_resolver(job, &conn);
+    let windows = windows_with_partition(&job.engine.schemas().windows);
+    let staging = Staging::of(
+        &job.engine,
+        staged_table(&plan.tables.windows).sql(),
+        &windows,
+        true,
+    );
     let store = LakeStore::new(
-        host.checkout()?,
+        conn,
         &job.job,
         &job.settings,
         plan.write_mode,
         &plan.tables,
         catalog.clone(),
         plan.compaction,
-    );
+    )
+    .with_staging(staging);
     let SourceSpec::Kafka { topic } = &plan.source else {
         return Err(EtlError::Internal("subscribe without a Kafka topic".into()));
     };
@@ -329,7 +362,13 @@ impl VTab for RunFunction {
             streaming_etl_runtime::fault::panic_point("bind");
             let host = entry::bind_host(bind).ok_or(EtlError::Detached)?;
             host.touch();
-            let plan = parse_run(bind, host.db_path())?;
+            let mut plan = parse_run(bind, host.db_path())?;
+            if !plan.job.engine.columns.is_empty() {
+                // DuckDB's binder types the columns and aggregates before anything is read.
+                let pooled = host.checkout()?;
+                bind_typed(pooled.conn()?, &mut plan.job.engine)?;
+                plan.rebind_settings();
+            }
             add_columns(bind, RUN_COLUMNS);
             let catalog = output_catalog(&host, &plan)?;
             Ok(RunBind {

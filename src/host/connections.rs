@@ -268,3 +268,20 @@ impl Drop for PooledConn {
         }
     }
 }
+
+/// A pooled connection the parts of one run use in turn: its sink's writes, and DuckDB's
+/// conversions of typed values while chunks are parsed (a run never waits for a second
+/// connection of the pool, so runs cannot hold the pool's connections waiting for each other).
+#[derive(Clone)]
+pub struct SharedConn(Arc<Mutex<PooledConn>>);
+
+impl SharedConn {
+    pub fn new(conn: PooledConn) -> SharedConn {
+        SharedConn(Arc::new(Mutex::new(conn)))
+    }
+
+    /// The connection, for one statement or transaction at a time.
+    pub fn lock(&self) -> MutexGuard<'_, PooledConn> {
+        lock(&self.0)
+    }
+}

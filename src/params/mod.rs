@@ -1,9 +1,10 @@
 //! The settings and parameters of the SQL functions: declared once in [`table`], read through
 //! [`given`], parsed into a run's plan by [`run`] from its groups ([`source`], [`windows`],
-//! [`time`], [`output`], [`checkpoint`], and Kafka's in [`kafka`]), and the table names and
-//! quoting they share in [`sql_name`].
+//! [`time`], [`output`], [`checkpoint`], typed columns in [`columns`], and Kafka's in [`kafka`]),
+//! and the table names and quoting they share in [`sql_name`].
 
 mod checkpoint;
+mod columns;
 mod given;
 mod kafka;
 mod output;
@@ -15,6 +16,7 @@ mod time;
 mod windows;
 
 pub use checkpoint::{checkpoint_job, checkpoint_location};
+pub use columns::EVENT_TIME;
 pub use kafka::{KafkaParams, RegistryParams};
 pub use output::{Compaction, WriteMode};
 pub use run::{parse_run, RunPlan};

@@ -12,6 +12,7 @@ use streaming_etl_core::{
 use streaming_etl_runtime::config::JobConfig;
 
 use super::checkpoint::checkpoint_location;
+use super::columns::parse_columns;
 use super::given::Given;
 use super::kafka::{parse_kafka, parse_partitions, KafkaParams};
 use super::output::{parse_compaction, parse_tables, parse_write_mode, Compaction, WriteMode};
@@ -42,6 +43,17 @@ pub struct RunPlan {
     pub tables: ByTable<TableName>,
     /// DuckLake output: compact its files every so many cycles.
     pub compaction: Option<Compaction>,
+}
+
+impl RunPlan {
+    /// The job's settings again, once DuckDB's binder normalized its typed columns' types.
+    pub fn rebind_settings(&mut self) {
+        let extra = &mut self.job.settings.extra;
+        match self.job.engine.columns_setting() {
+            Some(c) => extra.insert("columns".into(), c),
+            None => extra.remove("columns"),
+        };
+    }
 }
 
 fn required_int(name: &'static str, a: Option<Arg>) -> Result<i64> {
@@ -115,8 +127,9 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let value_field = given.field(ParamId::ValueField, "payload.value")?;
     let tables = parse_tables(&given)?;
     let window = parse_window(&given, window_ms)?;
+    let columns = parse_columns(&given)?;
     let (keys, default_key, aggregates) =
-        parse_keys_and_aggregates(&given, &key_field, &value_field)?;
+        parse_keys_and_aggregates(&given, &key_field, &value_field, &columns)?;
     let (time_format, time_zone, kafka_timestamp) = parse_time(&given)?;
     let format = parse_format(&given, is_kafka)?;
     let (emit, late_updates_ms) = parse_emit(&given, window)?;
@@ -141,6 +154,8 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         schemas: Schemas::default(),
         emit,
         late_updates_ms,
+        columns,
+        resolver: Default::default(),
     };
     if engine.revisions() {
         check_revision_columns(&given, &engine)?;
@@ -158,6 +173,18 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let subscribe = given.boolean(ParamId::Subscribe)?.unwrap_or(false);
     if subscribe {
         adapters.insert("subscribe".into(), "true".into());
+        // The staged events of a partition carry its number.
+        if let Some(c) = engine
+            .columns
+            .iter()
+            .find(|c| c.name.eq_ignore_ascii_case("partition"))
+        {
+            return Err(EtlError::invalid(
+                given.name(ParamId::Columns),
+                "column 'partition' is reserved with subscribe := true (rows carry their partition); give the field another name (AS ...)",
+                format!("'{} AS {}'", c.path.as_str(), c.name),
+            ));
+        }
     }
     let settings = engine.job_settings(&topic, adapters);
     let job_config = JobConfig {

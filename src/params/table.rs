@@ -99,6 +99,7 @@ pub enum ParamId {
     SchemaRegistryOptions,
     Emit,
     LateUpdatesMs,
+    Columns,
 }
 
 /// One named parameter.
@@ -168,6 +169,7 @@ pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::HopMs, "hop_ms", ParamType::BigInt, "none", "hopping windows: a window of `window_ms` starts every `hop_ms` (divides `window_ms`)"),
     param(ParamId::GroupBy, "group_by", ParamType::VarcharList, "`[key_field]`", "key columns: dotted paths, `path AS name` (string, number or boolean values); `[]`: one row per window"),
     param(ParamId::Aggregates, "aggregates", ParamType::VarcharList, "count, sum/min/max of `value_field`", "`count(*)`, `count`, `sum`, `avg`, `min`, `max`, `approx_count_distinct`, `approx_quantile(x, q)`, `first`, `last`, `arg_max(x, y)`, `arg_min`; `FILTER (WHERE ...)`; `AS name` ([more](docs/semantics.md#aggregates))"),
+    param(ParamId::Columns, "columns", ParamType::VarcharMap, "none", "typed fields, as `read_json`'s: `{'path [AS name]': 'DuckDB type', ...}`; `aggregates` may then be any DuckDB aggregate over them ([more](docs/semantics.md#typed-columns-and-any-duckdb-aggregate))"),
     param(ParamId::Emit, "emit", ParamType::Varchar, "`close`", "`close` (a window's row when it closes) or `update` (also each cycle's running values) ([more](#running-results-and-late-corrections))"),
     param(ParamId::LateUpdatesMs, "late_updates_ms", ParamType::BigInt, "none", "a late event this close to its window's end corrects the row"),
     param(ParamId::KeyField, "key_field", ParamType::Varchar, "`key`", "dotted path of the key (string or number; Kafka: the message key when absent)"),

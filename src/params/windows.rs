@@ -4,10 +4,11 @@
 //! checked.
 
 use streaming_etl_core::{
-    split_alias, AggSpec, Emit, EngineConfig, EtlError, FieldPath, KeyColumn, Result, WindowKind,
-    MAX_AGGREGATES,
+    split_alias, AggSpec, Emit, EngineConfig, EtlError, FieldPath, KeyColumn, Result,
+    TypedColumn, WindowKind, MAX_AGGREGATES,
 };
 
+use super::columns::{parse_aggregate, typed_key};
 use super::given::Given;
 use super::table::*;
 use crate::host::args::{shown, Arg};
@@ -94,14 +95,28 @@ pub(super) fn parse_window(given: &Given<'_>, window_ms: i64) -> Result<WindowKi
     }
 }
 
-/// `path [AS name]` of `group_by`.
-fn parse_key_column(item: &str) -> std::result::Result<KeyColumn, String> {
+/// `path [AS name]` of `group_by`; a typed column (by its path or name) is read as that column.
+fn parse_key_column(
+    item: &str,
+    columns: &[TypedColumn],
+) -> std::result::Result<KeyColumn, String> {
     let (expr, alias) = split_alias(item)?;
     let path = FieldPath::parse(expr)
         .filter(|_| !expr.is_empty() && !expr.contains(char::is_whitespace))
         .ok_or_else(|| {
             format!("'{expr}' is not a field name or dotted path such as payload.value")
         })?;
+    if let Some(c) = typed_key(columns, &path) {
+        let name = match alias {
+            Some(a) => a,
+            None if c.path == path => path.last_segment().to_string(),
+            None => c.name.clone(),
+        };
+        return Ok(KeyColumn {
+            path: c.path.clone(),
+            name,
+        });
+    }
     let name = alias.unwrap_or_else(|| path.last_segment().to_string());
     Ok(KeyColumn { path, name })
 }
@@ -112,6 +127,7 @@ pub(super) fn parse_keys_and_aggregates(
     given: &Given<'_>,
     key_field: &FieldPath,
     value_field: &FieldPath,
+    columns: &[TypedColumn],
 ) -> Result<(Vec<KeyColumn>, bool, Vec<AggSpec>)> {
     let (keys, default_key) = match given.text_list(ParamId::GroupBy)? {
         None => (
@@ -132,7 +148,7 @@ pub(super) fn parse_keys_and_aggregates(
             let cols = items
                 .iter()
                 .map(|i| {
-                    parse_key_column(i).map_err(|why| {
+                    parse_key_column(i, columns).map_err(|why| {
                         EtlError::invalid(given.name(ParamId::GroupBy), why, format!("'{i}'"))
                     })
                 })
@@ -166,7 +182,12 @@ pub(super) fn parse_keys_and_aggregates(
         Some(items) => items
             .iter()
             .map(|i| {
-                AggSpec::parse(i).map_err(|why| {
+                let parsed = if columns.is_empty() {
+                    AggSpec::parse(i)
+                } else {
+                    parse_aggregate(i, columns)
+                };
+                parsed.map_err(|why| {
                     EtlError::invalid(given.name(ParamId::Aggregates), why, format!("'{i}'"))
                 })
             })
@@ -191,6 +212,24 @@ pub(super) fn parse_keys_and_aggregates(
             ));
         }
         seen.push(lower);
+    }
+    // A key that is not a typed column must not take a typed column's name in the staged
+    // events, where both are columns.
+    for k in &keys {
+        let clash = columns
+            .iter()
+            .find(|c| c.path != k.path && c.name.eq_ignore_ascii_case(&k.name));
+        if let Some(c) = clash {
+            return Err(EtlError::invalid(
+                given.name(ParamId::GroupBy),
+                format!(
+                    "column '{}' is also the name of the typed column of '{}'; give the key another name (AS ...)",
+                    k.name,
+                    c.path.as_str()
+                ),
+                format!("'{} AS {}'", k.path.as_str(), k.name),
+            ));
+        }
     }
     Ok((keys, default_key, aggs))
 }

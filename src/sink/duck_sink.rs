@@ -28,10 +28,11 @@ use streaming_etl_core::{ByTable, EtlError, OutputSchemas, Result};
 use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
 
 use super::catalog::OutputCatalog;
-use super::insert::{insert, revision_columns, Verb};
+use super::insert::{insert, insert_staged, revision_columns, Part, StagedPart, Verb};
 use super::lake::{compact, with_retry};
-use super::tables::{ensure_table, sink_error};
-use crate::host::connections::PooledConn;
+use super::staged::Staging;
+use super::tables::{ensure_staged_table, ensure_table, sink_error};
+use crate::host::connections::SharedConn;
 use crate::params::{Compaction, TableName, WriteMode};
 
 /// The table that records, per job, the last batch applied.
@@ -50,7 +51,7 @@ enum Keys {
 }
 
 pub struct DuckSink {
-    conn: PooledConn,
+    conn: SharedConn,
     mode: WriteMode,
     /// The job's tables as parsed at bind time.
     job_tables: ByTable<TableName>,
@@ -59,11 +60,13 @@ pub struct DuckSink {
     compaction: Option<Compaction>,
     /// Per set of tables: how each takes rows, and the marker table.
     prepared: HashMap<Tables, (ByTable<Keys>, String)>,
+    /// The aggregates DuckDB computes over the job's staged events, if it has any.
+    staging: Option<Staging>,
 }
 
 impl DuckSink {
     pub fn new(
-        conn: PooledConn,
+        conn: SharedConn,
         mode: WriteMode,
         tables: &ByTable<TableName>,
         catalog: OutputCatalog,
@@ -76,7 +79,21 @@ impl DuckSink {
             catalog,
             compaction,
             prepared: HashMap::new(),
+            staging: None,
         }
+    }
+
+    /// A sink for a job whose aggregates DuckDB computes in part (see `staged`).
+    pub fn with_staging(mut self, staging: Option<Staging>) -> DuckSink {
+        self.staging = staging;
+        self
+    }
+
+    /// The staging of the job's own tables (a batch an earlier version left has none).
+    fn staging_for(&self, tables: &Tables) -> Option<&Staging> {
+        self.staging
+            .as_ref()
+            .filter(|_| *tables == self.job_tables.as_ref().map(TableName::sql))
     }
 
     /// The marker table beside the windows table (same catalog and schema: one transaction
@@ -104,6 +121,7 @@ struct WritePlan<'a> {
     marker: &'a str,
     /// Whether the marker table keeps one row per job (DuckDB's storage) or is appended to.
     prune_marker: bool,
+    staging: Option<&'a Staging>,
 }
 
 impl WritePlan<'_> {
@@ -122,8 +140,15 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
     conn.execute_batch("BEGIN TRANSACTION")
         .map_err(|e| EtlError::Duck(e.to_string()))?;
     let result = (|| {
+        if let (Some(staging), 1) = (plan.staging, out.seq) {
+            // A new job: events staged under its name by an earlier job are none of its own.
+            conn.execute_batch(&staging.clear(None))
+                .map_err(|e| sink_error(&staging.table, e))?;
+        }
         let parts = out.tables.as_ref().zip(out.schemas.as_ref());
-        for (((table, schema), rows), keys) in parts.zip(out.batch.as_ref()).zip(plan.keys) {
+        for (i, (((table, schema), rows), keys)) in
+            parts.zip(out.batch.as_ref()).zip(plan.keys).into_iter().enumerate()
+        {
             let verb = match plan.verb(keys) {
                 // A window's row may be in the table already, from an earlier cycle.
                 Verb::Insert if keys == Keys::Primary && revision_columns(schema).is_some() => {
@@ -131,7 +156,22 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
                 }
                 verb => verb,
             };
-            insert(conn, table, schema, rows, verb)?;
+            match plan.staging.filter(|_| i == 0) {
+                Some(staging) => {
+                    let staged = &out.batch.staged;
+                    let part = Part {
+                        rows,
+                        partition: None,
+                    };
+                    let events = StagedPart {
+                        rows: &staged.rows,
+                        partition: None,
+                        live_from_pane_ms: staged.live_from_pane_ms,
+                    };
+                    insert_staged(conn, table, schema, &[part], verb, staging, &[events])?;
+                }
+                None => insert(conn, table, schema, rows, verb)?,
+            }
         }
         let marker = plan.marker;
         // Batches are applied in order, each one only once the ones before it are confirmed:
@@ -173,7 +213,8 @@ fn applied(conn: &Connection, marker: &str, out: &Output<'_>) -> Result<bool> {
 
 impl OutputSink for DuckSink {
     fn prepare(&mut self, tables: &Tables, schemas: &OutputSchemas) -> Result<()> {
-        let conn = self.conn.conn()?;
+        let guard = self.conn.lock();
+        let conn = guard.conn()?;
         let catalog_keys = self.catalog.has_keys();
         let mut keys = ByTable::<Keys>::default();
         for ((table, schema), k) in tables.as_ref().zip(schemas.as_ref()).zip(keys.as_mut()) {
@@ -195,6 +236,13 @@ impl OutputSink for DuckSink {
                 _ => Keys::None,
             };
         }
+        if let Some(staging) = self.staging_for(tables) {
+            with_retry(&staging.table, || {
+                ensure_staged_table(conn, staging).inspect_err(|_| {
+                    let _ = conn.execute_batch("ROLLBACK");
+                })
+            })?;
+        }
         let m = self.marker_table(tables);
         with_retry(&m, || {
             conn.execute_batch(&format!(
@@ -213,7 +261,8 @@ impl OutputSink for DuckSink {
         if out.batch.is_empty() {
             return Ok(());
         }
-        let conn = self.conn.conn()?;
+        let guard = self.conn.lock();
+        let conn = guard.conn()?;
         let (keys, marker) = self
             .prepared
             .get(out.tables)
@@ -225,6 +274,7 @@ impl OutputSink for DuckSink {
             append_keyed: !out.replay,
             marker,
             prune_marker: self.catalog.has_keys(),
+            staging: self.staging_for(out.tables),
         };
         with_retry(&out.tables.windows, || {
             // A replay, or a retry after a conflict that may have landed after all: the marker
@@ -263,7 +313,8 @@ impl OutputSink for DuckSink {
         job_created_ms: i64,
         seq: i64,
     ) -> Result<bool> {
-        let conn = self.conn.conn()?;
+        let guard = self.conn.lock();
+        let conn = guard.conn()?;
         let marker = self.marker_table(tables);
         // A marker table that is not there (the tables were dropped or renamed) has no marker.
         let exists = conn

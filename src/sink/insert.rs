@@ -6,8 +6,9 @@
 use std::sync::Arc;
 
 use duckdb::Connection;
-use streaming_etl_core::{ColumnType, Result, Rows, TableSchema};
+use streaming_etl_core::{ColumnType, EtlError, Result, Role, Rows, TableSchema};
 
+use super::staged::Staging;
 use super::tables::{column_list, sink_error};
 use crate::functions::batch::{self, Lent};
 use crate::params::quote_ident;
@@ -63,6 +64,84 @@ pub(crate) fn insert_parts(
     if parts.is_empty() {
         return Ok(());
     }
+    let (_lent, query) = lend(&parts);
+    write_rows(conn, table, schema, &query, verb)
+}
+
+/// The events a part's cycle placed in windows, and its first live pane (see `Staged`).
+pub(crate) struct StagedPart<'a> {
+    pub rows: &'a Rows,
+    pub partition: Option<i32>,
+    pub live_from_pane_ms: Option<i64>,
+}
+
+/// Writes the windows rows of a job whose aggregates DuckDB computes in part (see
+/// [`Staging`]): the cycle's new events that stay are staged, the rows are written with the
+/// aggregates DuckDB computes over their windows' events, and the events no window needs any
+/// more are deleted; all on `conn`, inside the cycle's transaction.
+pub(crate) fn insert_staged(
+    conn: &Connection,
+    table: &str,
+    schema: &TableSchema,
+    parts: &[Part<'_>],
+    verb: Verb,
+    staging: &Staging,
+    staged: &[StagedPart<'_>],
+) -> Result<()> {
+    let all: Vec<&Part<'_>> = parts.iter().collect();
+    let (_rows_lent, rows) = lend(&all);
+    let staged_lent: Vec<Lent> = staged
+        .iter()
+        .map(|p| Lent::new(Arc::new(p.rows.clone())))
+        .collect();
+    let new = staged
+        .iter()
+        .zip(&staged_lent)
+        .map(|(p, lent)| staging.new_events(&batch_ref(lent), p.partition))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let live: Vec<(Option<i32>, Option<i64>)> = staged
+        .iter()
+        .map(|p| (p.partition, p.live_from_pane_ms))
+        .collect();
+    let st = &staging.table;
+    if !new.is_empty() {
+        conn.execute_batch(&staging.keep_new(&new, &rows, &live))
+            .map_err(|e| sink_error(st, e))?;
+    }
+    if parts.iter().any(|p| !p.rows.is_empty()) {
+        let empty = format!("SELECT * FROM {st} WHERE false");
+        let new = if new.is_empty() { empty } else { new };
+        let query = staging.window_rows(&rows, &new, &live);
+        write_rows(conn, table, schema, &query, verb).map_err(|e| aggregate_error(e, staging))?;
+    }
+    conn.execute_batch(&staging.drop_done(&rows, &live))
+        .map_err(|e| sink_error(st, e))
+}
+
+/// A failed write of rows with DuckDB's aggregates: DuckDB's error, naming the aggregates.
+fn aggregate_error(e: EtlError, staging: &Staging) -> EtlError {
+    match e {
+        EtlError::Sink { table, message } => EtlError::Sink {
+            table,
+            message: format!(
+                "computing the aggregates {}: {message}; nothing of this cycle was written, and the next run resumes it",
+                staging.aggregates_shown()
+            ),
+        },
+        other => other,
+    }
+}
+
+/// The batch function reading lent rows (qualified: a macro of the same name in the user's
+/// schema cannot stand in for it).
+fn batch_ref(lent: &Lent) -> String {
+    format!("system.main.{}({})", batch::NAME, lent.id)
+}
+
+/// The parts' rows lent to the batch function, and the query reading them (columns `c0, ...`;
+/// a part's partition as the last one).
+fn lend(parts: &[&Part<'_>]) -> (Vec<Lent>, String) {
     let lent: Vec<Lent> = parts
         .iter()
         .map(|p| Lent::new(Arc::new(p.rows.clone())))
@@ -71,8 +150,7 @@ pub(crate) fn insert_parts(
         .iter()
         .zip(&lent)
         .map(|(p, lent)| {
-            // Qualified: a macro of the same name in the user's schema cannot stand in for it.
-            let batch = format!("system.main.{}({})", batch::NAME, lent.id);
+            let batch = batch_ref(lent);
             match p.partition {
                 Some(k) => format!(
                     "SELECT *, CAST({k} AS INTEGER) AS c{} FROM {batch}",
@@ -82,8 +160,46 @@ pub(crate) fn insert_parts(
             }
         })
         .collect();
-    let query = selects.join(" UNION ALL ");
+    (lent, selects.join(" UNION ALL "))
+}
+
+/// `query` (columns `c0, ...` in the schema's order) with typed keys cast to their type.
+fn cast_columns(schema: &TableSchema, query: &str) -> String {
+    if !schema.columns.iter().any(|c| matches!(c.role, Role::Cast(_))) {
+        return query.to_string();
+    }
+    let cols: Vec<String> = schema
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| match &c.role {
+            Role::Cast(t) => format!("CAST(c{i} AS {t}) AS c{i}"),
+            _ => format!("c{i}"),
+        })
+        .collect();
+    format!("SELECT {} FROM ({query})", cols.join(", "))
+}
+
+/// `c0, c1, ...` of the columns the table has (not the hidden ones).
+fn select_list(schema: &TableSchema) -> String {
+    schema
+        .table_columns()
+        .map(|(i, _)| format!("c{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Writes the rows `query` gives (columns `c0, ...` in the schema's order) into `table`.
+fn write_rows(
+    conn: &Connection,
+    table: &str,
+    schema: &TableSchema,
+    query: &str,
+    verb: Verb,
+) -> Result<()> {
+    let query = cast_columns(schema, query);
     let keyed = verb != Verb::Insert && !schema.primary_key.is_empty();
+    let select = select_list(schema);
     let sql = match revision_columns(schema).filter(|_| keyed) {
         // Windows with revisions into a keyed table: the latest row per key wins, and a
         // retracted one deletes the key's row.
@@ -107,14 +223,14 @@ pub(crate) fn insert_parts(
                 // (A keyed table with revisions is never written with a plain insert: see
                 // `write_batch`.)
                 Verb::Insert | Verb::Replace => format!(
-                    "{delete}; INSERT OR REPLACE INTO {table} ({}) {live}",
+                    "{delete}; INSERT OR REPLACE INTO {table} ({}) SELECT {select} FROM ({live})",
                     column_list(schema),
                 ),
             }
         }
         None => match verb {
             Verb::Insert | Verb::Replace => format!(
-                "{} INTO {table} ({}) {query}",
+                "{} INTO {table} ({}) SELECT {select} FROM ({query})",
                 if verb == Verb::Replace {
                     "INSERT OR REPLACE"
                 } else {
@@ -171,7 +287,7 @@ fn merge_sql(table: &str, schema: &TableSchema, query: &str) -> String {
     let col = |i: usize| format!("s.c{i}");
     let mut on = Vec::new();
     let mut set = Vec::new();
-    for (i, c) in schema.columns.iter().enumerate() {
+    for (i, c) in schema.table_columns() {
         let name = quote_ident(&c.name);
         if schema.primary_key.iter().any(|k| k == &c.name) {
             on.push(format!("t.{name} IS NOT DISTINCT FROM {}", col(i)));
@@ -179,7 +295,7 @@ fn merge_sql(table: &str, schema: &TableSchema, query: &str) -> String {
             set.push(format!("{name} = {}", col(i)));
         }
     }
-    let values: Vec<String> = (0..schema.columns.len()).map(col).collect();
+    let values: Vec<String> = schema.table_columns().map(|(i, _)| col(i)).collect();
     let matched = if set.is_empty() {
         String::new()
     } else {

@@ -3,11 +3,13 @@
 //! in one transaction, each table with one statement ([`insert`]), trying commits that conflict
 //! again and compacting a DuckLake ([`lake`]); [`catalog`] says which catalog the tables are in
 //! and what it can do; a `subscribe` run keeps its partitions' state beside them
-//! ([`partition_store`]).
+//! ([`partition_store`]); the aggregates DuckDB computes read the events of open windows
+//! staged beside them too ([`staged`]).
 
 pub mod catalog;
 pub mod duck_sink;
 pub mod insert;
 pub mod lake;
 pub mod partition_store;
+pub mod staged;
 pub mod tables;

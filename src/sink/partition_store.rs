@@ -16,7 +16,7 @@ use std::time::Duration;
 use duckdb::types::Value;
 use duckdb::Connection;
 use streaming_etl_core::{
-    Batch, ByTable, ColumnType, EtlError, JobSettings, OutputSchemas, Result, Rows, TableSchema,
+    Batch, ByTable, Column, ColumnType, EtlError, JobSettings, OutputSchemas, Result, Rows, TableSchema,
 };
 use streaming_etl_runtime::clock::{Clock, SystemClock};
 use streaming_etl_runtime::group::{
@@ -24,10 +24,11 @@ use streaming_etl_runtime::group::{
 };
 
 use super::catalog::OutputCatalog;
-use super::insert::{insert_parts, Part, Verb};
+use super::insert::{insert_parts, insert_staged, Part, StagedPart, Verb};
 use super::lake::{compact, with_retry, with_retry_for};
-use super::tables::{ensure_table, sink_error};
-use crate::host::connections::PooledConn;
+use super::staged::Staging;
+use super::tables::{ensure_staged_table, ensure_table, sink_error};
+use crate::host::connections::SharedConn;
 use crate::params::{Compaction, TableName, WriteMode};
 
 /// How long claims and commits retry conflicts: the members of a job contend for the state
@@ -42,15 +43,11 @@ const STATE_COLUMNS: &str = "job VARCHAR, \"partition\" INTEGER, generation BIGI
 
 /// The windows table of a `subscribe` run: a `partition` column, part of the key.
 pub fn windows_with_partition(schema: &TableSchema) -> TableSchema {
-    let mut cols: Vec<(&str, ColumnType)> = schema
-        .columns
-        .iter()
-        .map(|c| (c.name.as_str(), c.ty))
-        .collect();
-    cols.push(("partition", ColumnType::Integer));
-    let mut key: Vec<&str> = schema.primary_key.iter().map(String::as_str).collect();
-    key.push("partition");
-    TableSchema::new(&cols, &key)
+    let mut with = schema.clone();
+    with.columns
+        .push(Column::new("partition", ColumnType::Integer));
+    with.primary_key.push("partition".into());
+    with
 }
 
 fn now_ms() -> i64 {
@@ -69,7 +66,7 @@ struct Owner {
 }
 
 pub struct LakeStore {
-    conn: PooledConn,
+    conn: SharedConn,
     job: String,
     settings: JobSettings,
     settings_text: String,
@@ -80,12 +77,14 @@ pub struct LakeStore {
     compaction: Option<Compaction>,
     schemas: Option<OutputSchemas>,
     commits: i64,
+    /// The aggregates DuckDB computes over the job's staged events, if it has any.
+    staging: Option<Staging>,
 }
 
 impl LakeStore {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        conn: PooledConn,
+        conn: SharedConn,
         job: &str,
         settings: &JobSettings,
         mode: WriteMode,
@@ -105,7 +104,15 @@ impl LakeStore {
             compaction,
             schemas: None,
             commits: 0,
+            staging: None,
         }
+    }
+
+    /// A store for a job whose aggregates DuckDB computes in part (see `staged`): each
+    /// partition's staged events commit with its rows and state.
+    pub fn with_staging(mut self, staging: Option<Staging>) -> LakeStore {
+        self.staging = staging;
+        self
     }
 
     fn verb(&self) -> Verb {
@@ -300,6 +307,14 @@ impl LakeStore {
             (&self.tables.late, &schemas.late),
             (&self.tables.dead, &schemas.dead),
         ];
+        if let Some(staging) = &self.staging {
+            // A partition's first commit: events an earlier job of this name staged for it are
+            // none of this one's.
+            for p in parts.iter().filter(|p| p.state.seq == 1) {
+                conn.execute_batch(&staging.clear(Some(p.partition)))
+                    .map_err(duck(&staging.table))?;
+            }
+        }
         for (i, ((table, schema), rows_of)) in targets.into_iter().zip(pick).enumerate() {
             let rows: Vec<Part<'_>> = parts
                 .iter()
@@ -309,7 +324,20 @@ impl LakeStore {
                     partition: (i == 0).then_some(p.partition),
                 })
                 .collect();
-            insert_parts(conn, table, schema, &rows, verb)?;
+            match self.staging.as_ref().filter(|_| i == 0) {
+                Some(staging) => {
+                    let events: Vec<StagedPart<'_>> = parts
+                        .iter()
+                        .map(|p| StagedPart {
+                            rows: &p.batch.staged.rows,
+                            partition: Some(p.partition),
+                            live_from_pane_ms: p.batch.staged.live_from_pane_ms,
+                        })
+                        .collect();
+                    insert_staged(conn, table, schema, &rows, verb, staging, &events)?;
+                }
+                None => insert_parts(conn, table, schema, &rows, verb)?,
+            }
         }
         let list: Vec<String> = parts.iter().map(|p| p.partition.to_string()).collect();
         conn.execute(
@@ -357,7 +385,8 @@ impl LakeStore {
 
 impl PartitionStore for LakeStore {
     fn prepare(&mut self, schemas: &OutputSchemas) -> Result<()> {
-        let conn = self.conn.conn()?;
+        let guard = self.conn.lock();
+        let conn = guard.conn()?;
         let mut schemas = schemas.clone();
         schemas.windows = windows_with_partition(&schemas.windows);
         for (table, schema) in self.tables.as_ref().zip(schemas.as_ref()).iter() {
@@ -367,6 +396,13 @@ impl PartitionStore for LakeStore {
                         let _ = conn.execute_batch("ROLLBACK");
                     })
                     .map(drop)
+            })?;
+        }
+        if let Some(staging) = &self.staging {
+            with_retry(&staging.table, || {
+                ensure_staged_table(conn, staging).inspect_err(|_| {
+                    let _ = conn.execute_batch("ROLLBACK");
+                })
             })?;
         }
         let st = &self.state;
@@ -393,7 +429,8 @@ impl PartitionStore for LakeStore {
     }
 
     fn claim(&mut self, partition: i32, owner: &str) -> Result<Claim> {
-        let conn = self.conn.conn()?;
+        let guard = self.conn.lock();
+        let conn = guard.conn()?;
         with_retry_for(&self.state, CONTENDED_FOR, || {
             self.try_claim(conn, partition, owner).inspect_err(|_| {
                 let _ = conn.execute_batch("ROLLBACK");
@@ -405,7 +442,8 @@ impl PartitionStore for LakeStore {
         if parts.is_empty() {
             return Ok(Vec::new());
         }
-        let conn = self.conn.conn()?;
+        let guard = self.conn.lock();
+        let conn = guard.conn()?;
         let schemas = self
             .schemas
             .clone()

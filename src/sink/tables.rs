@@ -4,6 +4,7 @@
 use duckdb::Connection;
 use streaming_etl_core::{EtlError, Result, TableSchema};
 
+use super::staged::Staging;
 use crate::params::quote_ident;
 
 pub(crate) fn sink_error(table: &str, message: impl std::fmt::Display) -> EtlError {
@@ -16,9 +17,8 @@ pub(crate) fn sink_error(table: &str, message: impl std::fmt::Display) -> EtlErr
 /// `CREATE TABLE` column list (and primary key) of a schema.
 pub fn ddl_columns(schema: &TableSchema) -> String {
     let mut cols: Vec<String> = schema
-        .columns
-        .iter()
-        .map(|c| format!("{} {}", quote_ident(&c.name), c.ty.sql()))
+        .table_columns()
+        .filter_map(|(_, c)| Some(format!("{} {}", quote_ident(&c.name), c.sql_type()?)))
         .collect();
     if !schema.primary_key.is_empty() {
         let key: Vec<String> = schema.primary_key.iter().map(|k| quote_ident(k)).collect();
@@ -29,9 +29,8 @@ pub fn ddl_columns(schema: &TableSchema) -> String {
 
 pub(crate) fn column_list(schema: &TableSchema) -> String {
     schema
-        .columns
-        .iter()
-        .map(|c| quote_ident(&c.name))
+        .table_columns()
+        .map(|(_, c)| quote_ident(&c.name))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -63,8 +62,8 @@ pub(crate) fn ensure_table(
         .collect::<duckdb::Result<_>>()
         .map_err(|e| sink_error(table, e))?;
     let missing: Vec<&str> = schema
-        .columns
-        .iter()
+        .table_columns()
+        .map(|(_, c)| c)
         .filter(|c| !have.iter().any(|(h, _)| h.eq_ignore_ascii_case(&c.name)))
         .map(|c| c.name.as_str())
         .collect();
@@ -78,4 +77,42 @@ pub(crate) fn ensure_table(
         ));
     }
     Ok(have.iter().any(|(_, k)| k.as_deref() == Some("PRI")))
+}
+
+/// Makes sure the table of a job's staged events exists with the columns the job stages, in
+/// their order. One that holds another shape is replaced while empty (an earlier job of this
+/// windows table left it), else the run fails naming it.
+pub(crate) fn ensure_staged_table(conn: &Connection, staging: &Staging) -> Result<()> {
+    let table = &staging.table;
+    conn.execute_batch(&staging.ddl())
+        .map_err(|e| sink_error(table, e))?;
+    let mut stmt = conn
+        .prepare(&format!("SELECT column_name FROM (DESCRIBE {table})"))
+        .map_err(|e| sink_error(table, e))?;
+    let have: Vec<String> = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .map_err(|e| sink_error(table, e))?
+        .collect::<duckdb::Result<_>>()
+        .map_err(|e| sink_error(table, e))?;
+    let want = staging.column_names();
+    let same = have.len() == want.len()
+        && have.iter().zip(&want).all(|(h, w)| h.eq_ignore_ascii_case(w));
+    if same {
+        return Ok(());
+    }
+    let rows: i64 = conn
+        .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+        .map_err(|e| sink_error(table, e))?;
+    if rows > 0 {
+        return Err(sink_error(
+            table,
+            format!(
+                "it holds {rows} staged events of another job's open windows (columns {}), not this job's ({}); drop it, or name another windows_table",
+                have.join(", "),
+                want.join(", ")
+            ),
+        ));
+    }
+    conn.execute_batch(&format!("DROP TABLE {table}; {}", staging.ddl()))
+        .map_err(|e| sink_error(table, e))
 }

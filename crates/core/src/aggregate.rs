@@ -2,7 +2,8 @@
 //! `max`, `approx_count_distinct`, `approx_quantile`, `first`, `last`, `arg_max`, `arg_min`, each
 //! optionally with `FILTER (WHERE ...)`), their partial states, how two partial states of
 //! disjoint parts of a window combine (panes of hopping windows, sessions that meet), and the
-//! checkpoint form of the states.
+//! checkpoint form of the states. Any other aggregate expression over a job's typed columns is
+//! DuckDB's to compute (`AggFunc::Duck`): the engine holds no state for it, only its place.
 
 use crate::codec::{CodecError, Reader, Writer};
 use crate::decode::FieldPath;
@@ -26,6 +27,8 @@ pub(crate) enum AggFunc {
     ArgMax,
     ArgMin,
     ApproxQuantile,
+    /// An expression DuckDB computes over the window's staged events (its text is in the spec).
+    Duck,
 }
 
 /// The functions, by the name a user writes.
@@ -55,6 +58,7 @@ impl AggFunc {
     pub fn name(self) -> &'static str {
         match self {
             AggFunc::CountStar => "count",
+            AggFunc::Duck => "duckdb",
             f => NAMES
                 .iter()
                 .find(|(_, g)| *g == f)
@@ -85,6 +89,18 @@ pub struct AggSpec {
     /// `FILTER (WHERE ...)`: only events that pass count in this aggregate.
     pub(crate) filter: Option<Filter>,
     pub name: String,
+    /// An aggregate DuckDB computes: its expression and the type DuckDB's binder gave it.
+    pub duck: Option<DuckAgg>,
+}
+
+/// An aggregate expression of DuckDB's over a job's typed columns (`median(amount)`,
+/// `count(DISTINCT customer)`, `sum(price * qty) FILTER (WHERE ...)`, a macro, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DuckAgg {
+    /// The expression as the user wrote it (without its `AS` name).
+    pub expr: String,
+    /// Its result type, as DuckDB prints it (empty until DuckDB has bound it).
+    pub sql_type: String,
 }
 
 // The floats an AggSpec holds are finite (parsing refuses others), so equality is total.
@@ -220,7 +236,33 @@ impl AggSpec {
             list: false,
             filter: None,
             name: name.to_string(),
+            duck: None,
         }
+    }
+
+    /// An aggregate DuckDB computes: `expr` named `name` (its type is set once DuckDB bound it).
+    pub fn duckdb(expr: &str, name: &str) -> AggSpec {
+        let mut spec = AggSpec::plain(AggFunc::Duck, None, name);
+        spec.duck = Some(DuckAgg {
+            expr: expr.trim().to_string(),
+            sql_type: String::new(),
+        });
+        spec
+    }
+
+    /// Whether DuckDB computes this aggregate.
+    pub fn is_duckdb(&self) -> bool {
+        self.func == AggFunc::Duck
+    }
+
+    /// The names an aggregate of the engine reads (its input, arg_max's y, its filter's
+    /// fields), as written.
+    pub fn paths(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.path.iter().chain(&self.by).map(|p| p.as_str().to_string()).collect();
+        if let Some(f) = &self.filter {
+            out.extend(f.paths().iter().map(|p| p.as_str().to_string()));
+        }
+        out
     }
 
     /// Parses `func(args) [FILTER (WHERE condition)] [AS alias]`, e.g. `sum(amount) AS revenue`,
@@ -318,14 +360,20 @@ impl AggSpec {
             AggFunc::Sum | AggFunc::Avg | AggFunc::Min | AggFunc::Max | AggFunc::ApproxQuantile => {
                 ColumnType::Double
             }
-            AggFunc::First | AggFunc::Last | AggFunc::ArgMax | AggFunc::ArgMin => {
-                ColumnType::Varchar
-            }
+            // (DuckDB's aggregates: NULL in the rows, the table's column has its own type.)
+            AggFunc::First
+            | AggFunc::Last
+            | AggFunc::ArgMax
+            | AggFunc::ArgMin
+            | AggFunc::Duck => ColumnType::Varchar,
         }
     }
 
     /// The expression as the checkpoint's settings keep it.
     pub fn shown(&self) -> String {
+        if let Some(d) = &self.duck {
+            return format!("{} AS {}", d.expr, self.name);
+        }
         let args = match (&self.path, self.func) {
             (None, _) => "*".to_string(),
             (Some(p), AggFunc::ArgMax | AggFunc::ArgMin) => format!(
@@ -465,6 +513,8 @@ pub(crate) enum AggState {
     ArgMax(Option<Box<ArgBest>>),
     ArgMin(Option<Box<ArgBest>>),
     Quantile(Box<QuantileSketch>),
+    /// DuckDB computes it: nothing kept here.
+    Duck,
 }
 
 impl AggState {
@@ -481,6 +531,7 @@ impl AggState {
             AggFunc::ArgMax => AggState::ArgMax(None),
             AggFunc::ArgMin => AggState::ArgMin(None),
             AggFunc::ApproxQuantile => AggState::Quantile(Box::default()),
+            AggFunc::Duck => AggState::Duck,
         }
     }
 
@@ -594,6 +645,7 @@ impl AggState {
                 b.as_ref().map_or(Cell::Null, |s| Cell::Str(&s.text))
             }
             AggState::Quantile(q) => q.quantile(0.5).map_or(Cell::Null, Cell::F64),
+            AggState::Duck => Cell::Null,
         }
     }
 
@@ -671,6 +723,7 @@ impl AggState {
                 w.u8(11);
                 q.encode(w);
             }
+            AggState::Duck => w.u8(12),
         }
     }
 
@@ -718,6 +771,7 @@ impl AggState {
             9 => AggState::ArgMax(best(r)?),
             10 => AggState::ArgMin(best(r)?),
             11 => AggState::Quantile(Box::new(QuantileSketch::decode(r)?)),
+            12 => AggState::Duck,
             _ => return Err(CodecError("unknown aggregate state")),
         })
     }
@@ -737,6 +791,7 @@ impl AggState {
                 | (AggState::ArgMax(_), AggFunc::ArgMax)
                 | (AggState::ArgMin(_), AggFunc::ArgMin)
                 | (AggState::Quantile(_), AggFunc::ApproxQuantile)
+                | (AggState::Duck, AggFunc::Duck)
         )
     }
 }

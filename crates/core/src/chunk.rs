@@ -66,6 +66,38 @@ pub(crate) enum OwnedInput {
     Present,
 }
 
+/// A typed column's value as parsed, owned by its chunk (text as a range of its arena).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum OwnedTyped {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Double(f64),
+    Text(u32, u32),
+    /// Waiting for DuckDB's answer (the chunk is parsed again with it).
+    Pending,
+}
+
+impl OwnedTyped {
+    /// A value's text as a key column (see `columns::key_text`; text values are their text).
+    pub(crate) fn key_text(self) -> String {
+        match self {
+            OwnedTyped::Bool(b) => b.to_string(),
+            OwnedTyped::Int(i) => i.to_string(),
+            OwnedTyped::Double(x) => (if x == 0.0 { 0.0 } else { x }).to_string(),
+            _ => String::new(),
+        }
+    }
+}
+
+/// A value of a chunk only DuckDB can convert: message `at`, typed column `column`, its JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ask {
+    pub at: u32,
+    pub column: u32,
+    pub json: String,
+}
+
 /// Why a message of a chunk is a dead letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Rejected {
@@ -113,6 +145,13 @@ pub struct Chunk {
     pub(crate) inputs: Vec<OwnedInput>,
     pub(crate) texts: Vec<u8>,
     pub(crate) n_inputs: usize,
+    /// Per message, its typed columns as converted (`n_typed` each).
+    pub(crate) typed: Vec<OwnedTyped>,
+    pub(crate) n_typed: usize,
+    /// Values to ask DuckDB about, and the reasons of messages whose values did not convert
+    /// (`Reject::Unconverted` holds a place among them).
+    pub(crate) asks: Vec<Ask>,
+    pub(crate) reasons: Vec<String>,
 }
 
 impl Chunk {
@@ -137,6 +176,40 @@ impl Chunk {
         self.hashes.clear();
         self.inputs.clear();
         self.texts.clear();
+        self.typed.clear();
+        self.asks.clear();
+        self.reasons.clear();
+    }
+
+    /// Forgets what parsing wrote (the messages stay), to parse them again.
+    pub(crate) fn unparse(&mut self) {
+        self.time.clear();
+        self.status.clear();
+        self.rejects.clear();
+        self.keys.clear();
+        self.key_ends.clear();
+        self.hashes.clear();
+        self.inputs.clear();
+        self.texts.clear();
+        self.typed.clear();
+        self.asks.clear();
+        self.reasons.clear();
+    }
+
+    /// The reason of a dead letter whose value did not convert.
+    pub(crate) fn reason(&self, at: u32) -> &str {
+        self.reasons.get(at as usize).map_or("", String::as_str)
+    }
+
+    /// Message `i`'s typed columns as converted.
+    pub(crate) fn typed(&self, i: usize) -> &[OwnedTyped] {
+        let n = self.n_typed;
+        self.typed.get(i * n..(i + 1) * n).unwrap_or(&[])
+    }
+
+    /// A text value of the chunk's arena.
+    pub(crate) fn text(&self, a: u32, b: u32) -> &str {
+        std::str::from_utf8(self.texts.get(a as usize..b as usize).unwrap_or(&[])).unwrap_or("")
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 
 use crate::aggregate::AggSpec;
+use crate::columns::{Repr, ResolverHandle, TypedColumn};
 use crate::decode::FieldPath;
 use crate::format::{Format, Schemas};
-use crate::rows::{ColumnType, TableSchema};
+use crate::rows::{Column, ColumnType, Role, TableSchema};
 use crate::state::OutputSchemas;
 use crate::time::{TimeFormat, Zone};
 
@@ -34,6 +35,10 @@ impl Emit {
 
 /// The columns a row with revisions ends with, after the aggregates.
 pub(crate) const REVISION_COLUMNS: [&str; 3] = ["final", "revision", "retracted"];
+
+/// The hidden column of window rows that tells a late correction (whose DuckDB aggregates see
+/// the window's late events) from the row the window's close wrote.
+pub const CORRECTION_COLUMN: &str = "__se_correction";
 
 /// The most aggregates a job may have (their inputs live on the stack while an event is read).
 pub const MAX_AGGREGATES: usize = 32;
@@ -98,6 +103,11 @@ pub struct EngineConfig {
     pub emit: Emit,
     /// How long past its end a closed window still takes late events (`late_updates_ms`).
     pub late_updates_ms: Option<i64>,
+    /// The typed columns (`columns`): fields read as DuckDB types, the inputs of the aggregates
+    /// DuckDB computes and the types of the keys among them.
+    pub columns: Vec<TypedColumn>,
+    /// Where values that only DuckDB can convert are converted (filled by the adapter).
+    pub resolver: ResolverHandle,
 }
 
 impl EngineConfig {
@@ -128,6 +138,81 @@ impl EngineConfig {
             schemas: Schemas::default(),
             emit: Emit::Close,
             late_updates_ms: None,
+            columns: Vec::new(),
+            resolver: ResolverHandle::default(),
+        }
+    }
+
+    /// The typed columns as a job's settings keep them (None: the job has none).
+    pub fn columns_setting(&self) -> Option<String> {
+        if self.columns.is_empty() {
+            return None;
+        }
+        let shown: Vec<String> = self.columns.iter().map(TypedColumn::shown).collect();
+        Some(format!("{{{}}}", shown.join(", ")))
+    }
+
+    /// Whether DuckDB computes some of the aggregates (the events of open windows are staged).
+    pub fn stages(&self) -> bool {
+        self.aggregates.iter().any(AggSpec::is_duckdb)
+    }
+
+    /// The typed column a key is read as, if it is one.
+    pub fn typed_key(&self, key: &KeyColumn) -> Option<&TypedColumn> {
+        self.columns.iter().find(|c| c.path == key.path)
+    }
+
+    /// A key column: VARCHAR, or the type of the typed column it is (its text is cast).
+    fn key_column(&self, k: &KeyColumn) -> Column {
+        let mut c = Column::new(&k.name, ColumnType::Varchar);
+        if let Some(t) = self.typed_key(k).filter(|t| t.repr != Repr::Text) {
+            c.role = Role::Cast(t.sql_type.clone());
+        }
+        c
+    }
+
+    /// Whether window rows carry the hidden correction flag.
+    pub(crate) fn marks_corrections(&self) -> bool {
+        self.stages() && self.late_updates_ms.is_some()
+    }
+
+    /// Whether a staged event carries the watermark it was placed under: a window's row then
+    /// takes the events placed before the window closed, and a correction all of them (hopping
+    /// windows place an event late for one window in the open ones it also belongs to).
+    pub fn stamps_events(&self) -> bool {
+        matches!(self.window, WindowKind::Hopping { .. }) || self.late_updates_ms.is_some()
+    }
+
+    /// The typed columns a staged event carries beside its key (the keys' are in the key).
+    pub fn staged_values(&self) -> impl Iterator<Item = &TypedColumn> {
+        self.columns
+            .iter()
+            .filter(|c| !self.keys.iter().any(|k| k.path == c.path))
+    }
+
+    /// The events of open windows, as the engine hands them to the sink (a job with DuckDB
+    /// aggregates): the key columns, the pane (tumbling and hopping), the event time, the
+    /// watermark it was placed under (see [`EngineConfig::stamps_events`]), the typed values.
+    pub fn staged_schema(&self) -> TableSchema {
+        let mut cols: Vec<Column> = self.keys.iter().map(|k| self.key_column(k)).collect();
+        if self.window != WindowKind::Session {
+            cols.push(Column::new("__se_pane", ColumnType::BigInt));
+        }
+        cols.push(Column::new("event_time_ms", ColumnType::BigInt));
+        if self.stamps_events() {
+            cols.push(Column::new("__se_stamp", ColumnType::BigInt));
+        }
+        for c in self.staged_values() {
+            let mut col = Column::new(&c.name, c.repr.carried());
+            col.role = match c.repr {
+                Repr::Bool | Repr::Double | Repr::Text => Role::Plain,
+                _ => Role::Cast(c.sql_type.clone()),
+            };
+            cols.push(col);
+        }
+        TableSchema {
+            columns: cols,
+            primary_key: Vec::new(),
         }
     }
 
@@ -140,37 +225,45 @@ impl EngineConfig {
     /// The windows table: window bounds, the key columns, the aggregates; keyed by the key
     /// columns and the window start.
     pub fn windows_schema(&self) -> TableSchema {
-        let mut cols: Vec<(&str, ColumnType)> = vec![
-            ("window_start_ms", ColumnType::BigInt),
-            ("window_end_ms", ColumnType::BigInt),
+        let mut cols = vec![
+            Column::new("window_start_ms", ColumnType::BigInt),
+            Column::new("window_end_ms", ColumnType::BigInt),
         ];
-        cols.extend(
-            self.keys
-                .iter()
-                .map(|k| (k.name.as_str(), ColumnType::Varchar)),
-        );
-        cols.extend(
-            self.aggregates
-                .iter()
-                .map(|a| (a.name.as_str(), a.output_type())),
-        );
+        cols.extend(self.keys.iter().map(|k| self.key_column(k)));
+        cols.extend(self.aggregates.iter().map(|a| {
+            let mut c = Column::new(&a.name, a.output_type());
+            if let Some(d) = &a.duck {
+                c.role = Role::Computed(d.sql_type.clone());
+            }
+            c
+        }));
         if self.revisions() {
             let types = [ColumnType::Boolean, ColumnType::BigInt, ColumnType::Boolean];
-            cols.extend(REVISION_COLUMNS.into_iter().zip(types));
+            for (name, ty) in REVISION_COLUMNS.into_iter().zip(types) {
+                cols.push(Column::new(name, ty));
+            }
         }
-        let mut key: Vec<&str> = self.keys.iter().map(|k| k.name.as_str()).collect();
-        key.push("window_start_ms");
-        TableSchema::new(&cols, &key)
+        if self.marks_corrections() {
+            let mut c = Column::new(CORRECTION_COLUMN, ColumnType::Boolean);
+            c.role = Role::Hidden;
+            cols.push(c);
+        }
+        let mut key: Vec<String> = self.keys.iter().map(|k| k.name.clone()).collect();
+        key.push("window_start_ms".into());
+        TableSchema {
+            columns: cols,
+            primary_key: key,
+        }
     }
 
     /// The output tables of a job with these settings.
     pub fn schemas(&self) -> OutputSchemas {
         let mut schemas = OutputSchemas::for_windows(self.windows_schema());
         if self.late_updates_ms.is_some() {
-            schemas.late.columns.push(crate::rows::Column {
-                name: "applied".into(),
-                ty: ColumnType::Boolean,
-            });
+            schemas
+                .late
+                .columns
+                .push(crate::rows::Column::new("applied", ColumnType::Boolean));
         }
         schemas
     }
@@ -230,6 +323,9 @@ impl EngineConfig {
         }
         if self.numeric_strings {
             extra.insert("numeric_strings".into(), "true".into());
+        }
+        if let Some(c) = self.columns_setting() {
+            extra.insert("columns".into(), c);
         }
         if self.aggregates != AggSpec::defaults(&self.value_field) {
             let shown: Vec<String> = self

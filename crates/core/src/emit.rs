@@ -16,6 +16,8 @@ pub(crate) struct Tail {
     pub closed: bool,
     pub revision: i64,
     pub retracted: bool,
+    /// A late correction of a closed window (not the row its close wrote).
+    pub correction: bool,
 }
 
 /// How a job's window rows are shaped: key columns, aggregates, whether rows carry a [`Tail`].
@@ -24,6 +26,9 @@ pub(crate) struct Shape {
     pub nkeys: usize,
     pub aggs: Arc<[AggSpec]>,
     pub revisions: bool,
+    /// Rows end with a hidden flag: whether the row is a late correction (a job whose DuckDB
+    /// aggregates see a correction's late events, and not the close's; see `config`).
+    pub corrections: bool,
 }
 
 impl Shape {
@@ -32,6 +37,7 @@ impl Shape {
             nkeys,
             aggs: aggs.into(),
             revisions,
+            corrections: false,
         }
     }
 
@@ -68,6 +74,9 @@ impl Shape {
                 .i64(tail.revision)
                 .cell(crate::rows::Cell::Bool(tail.retracted));
         }
+        if self.corrections {
+            row.cell(crate::rows::Cell::Bool(tail.correction));
+        }
         row.finish();
     }
 
@@ -85,6 +94,7 @@ impl Shape {
             closed: true,
             revision,
             retracted: false,
+            correction: false,
         };
         self.write(out, start, end, key, Some(states), tail);
     }

@@ -16,9 +16,8 @@ use crate::config::{EngineConfig, MAX_AGGREGATES};
 use crate::error::{EtlError, Result};
 use crate::pool::{Actor, Pool};
 use crate::record::{FieldPlan, Reject};
-use crate::rows::Rows;
+use crate::rows::{ColumnType, Rows};
 use crate::shard::{shard_of, Op, Shard, ShardWork, Windows};
-use crate::source::Message;
 use crate::state::Batch;
 use crate::watermark::{PartitionClock, Watermarks};
 
@@ -90,6 +89,8 @@ pub struct Engine {
     windows_waiting: bool,
     /// A worker thread failed (the run fails at the end of its cycle).
     failed: Option<String>,
+    /// The shape of staged events (a job whose aggregates DuckDB computes).
+    staged_types: Vec<ColumnType>,
 }
 
 impl Engine {
@@ -163,6 +164,7 @@ impl Engine {
             pending_rows: 0,
             windows_waiting: false,
             failed: None,
+            staged_types: cfg.staged_schema().types(),
             cfg,
         };
         engine.collect();
@@ -293,11 +295,22 @@ impl Engine {
         }
         into.clear();
         into.dead.take_from(&mut self.dead);
+        if self.cfg.stages() && into.staged.rows.types() != self.staged_types.as_slice() {
+            into.staged.rows = Rows::new(self.staged_types.clone());
+        }
+        let mut live: Option<i64> = None;
         for s in &self.shards {
             let mut st = s.state();
             into.windows.take_from(&mut st.out.windows);
             into.late.take_from(&mut st.out.late);
+            if self.cfg.stages() {
+                into.staged.rows.take_from(&mut st.out.staged);
+                if let Some(p) = st.windows.first_live_pane() {
+                    live = Some(live.map_or(p, |l| l.min(p)));
+                }
+            }
         }
+        into.staged.live_from_pane_ms = live;
         self.pending_rows = 0;
         self.windows_waiting = false;
         Ok(())
@@ -367,7 +380,7 @@ impl Engine {
             Ok(t) => t,
             Err(r) => {
                 let partition = self.partitions[idx];
-                self.dead(partition, &chunk.message(i), r);
+                self.dead(partition, chunk, i, r);
                 return;
             }
         };
@@ -462,8 +475,12 @@ impl Engine {
         self.marks.max_event_time_ms(idx)
     }
 
-    fn dead(&mut self, partition: i32, msg: &Message<'_>, r: Reject) {
-        let error = self.plan.describe(r);
+    fn dead(&mut self, partition: i32, chunk: &crate::chunk::Chunk, i: usize, r: Reject) {
+        let msg = chunk.message(i);
+        let error = match r {
+            Reject::Unconverted(at) => chunk.reason(at).to_string(),
+            r => self.plan.describe(r),
+        };
         self.push_dead(partition, msg.offset, msg.payload, &error);
     }
 
@@ -506,12 +523,14 @@ impl Engine {
 
     /// Processes one message of the partition at `idx` by itself (tests).
     #[cfg(test)]
-    pub(crate) fn process(&mut self, idx: usize, msg: &Message<'_>) {
+    pub(crate) fn process(&mut self, idx: usize, msg: &crate::source::Message<'_>) {
         let mut chunk = crate::chunk::Chunk::default();
         chunk.push(msg);
         chunk.idx = idx;
         chunk.partition = self.partitions[idx];
-        crate::parse::ChunkParser::new(&self.cfg).parse(&mut chunk);
+        crate::parse::ChunkParser::new(&self.cfg)
+            .parse(&mut chunk)
+            .expect("a test chunk parses");
         let home = Arc::new(crate::chunk::Spare::default());
         let lent = Arc::new(Lent::new(chunk, home));
         self.delivered(idx);

@@ -13,6 +13,14 @@ pub enum EtlError {
         got: String,
     },
 
+    /// An expression of a parameter that DuckDB's binder refused, with DuckDB's message.
+    #[error("invalid parameter '{name}': '{expr}': {message}")]
+    InvalidExpression {
+        name: &'static str,
+        expr: String,
+        message: String,
+    },
+
     /// The checkpoint file cannot be opened, read or written.
     #[error("checkpoint '{path}': {message}")]
     Checkpoint { path: String, message: String },

@@ -13,6 +13,7 @@
 mod aggregate;
 mod chunk;
 mod codec;
+mod columns;
 mod config;
 mod decode;
 mod emit;
@@ -38,12 +39,13 @@ mod time;
 mod watermark;
 mod window;
 
-pub use aggregate::{split_alias, AggSpec};
+pub use aggregate::{split_alias, AggSpec, DuckAgg};
 pub use chunk::Chunk;
 pub use codec::CodecError;
+pub use columns::{Repr, Resolver, ResolverHandle, TypedColumn};
 pub use config::{
-    Emit, EngineConfig, JobSettings, KeyColumn, TimeSpec, WindowKind, DEFAULT_KEY_FIELD,
-    MAX_AGGREGATES,
+    Emit, EngineConfig, JobSettings, KeyColumn, TimeSpec, WindowKind, CORRECTION_COLUMN,
+    DEFAULT_KEY_FIELD, MAX_AGGREGATES,
 };
 pub use decode::{DecodeError, Decoder, Field, FieldPath, Fields, Kind};
 pub use engine::{Counters, Engine, PartitionProgress, Restored};
@@ -51,12 +53,12 @@ pub use error::{EtlError, Result};
 pub use format::{Format, RecordDecoder, RegisteredSchema, SchemaCache, SchemaType, Schemas};
 pub use pipeline::{read_cycle, reported_watermark, CycleLimits, ReadState, Stop};
 pub use pool::{Actor, Pool};
-pub use rows::{Cell, ColumnType, OwnedCell, RowCursor, Rows, TableSchema};
+pub use rows::{Cell, Column, ColumnType, OwnedCell, Role, RowCursor, Rows, TableSchema};
 pub use source::file::{FileOptions, FileSource};
 pub use source::glob::{fixed_prefix, glob, lexical_absolute, PathPolicy};
 pub use source::memory::MemorySource;
 pub use source::{Gap, Message, Pull, Source, SourcePartition};
-pub use state::{Batch, OutputSchemas, PartitionState};
+pub use state::{Batch, OutputSchemas, PartitionState, Staged};
 pub use tables::ByTable;
 pub use time::{
     epoch_ms, iso8601_ms, TimeError, TimeFormat, Zone, MAX_EVENT_TIME_MS, MIN_EVENT_TIME_MS,

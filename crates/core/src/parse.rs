@@ -3,12 +3,19 @@
 //! any thread may parse any chunk: the merge order, which events are late and where a run
 //! resumes are exactly those of parsing one message at a time.
 
+use std::collections::HashMap;
+
 use crate::aggregate::Input;
-use crate::chunk::{Chunk, OwnedInput, Rejected, PARSED};
+use crate::chunk::{Ask, Chunk, OwnedInput, OwnedTyped, Rejected, PARSED};
+use crate::columns::{from_answer, Converted, ResolverHandle};
 use crate::config::{EngineConfig, MAX_AGGREGATES};
+use crate::error::{EtlError, Result};
 use crate::format::RecordDecoder;
 use crate::record::{with_inputs, FieldPlan, Reject};
 use crate::window::hash_key;
+
+/// DuckDB's answers for the values of a chunk it was asked about, by (message, typed column).
+type Answers = HashMap<(u32, u32), std::result::Result<Converted<'static>, String>>;
 
 /// A decoder and the job's field plan (one per thread that parses).
 pub(crate) struct ChunkParser {
@@ -16,6 +23,7 @@ pub(crate) struct ChunkParser {
     plan: FieldPlan,
     n: usize,
     key: Vec<u8>,
+    resolver: ResolverHandle,
 }
 
 impl ChunkParser {
@@ -26,28 +34,91 @@ impl ChunkParser {
             plan,
             n: cfg.aggregates.len().min(MAX_AGGREGATES),
             key: Vec::new(),
+            resolver: cfg.resolver.clone(),
         }
     }
 
-    /// Parses every message of `c` (a block of lines is split into its messages first).
-    pub fn parse(&mut self, c: &mut Chunk) {
+    /// Parses every message of `c` (a block of lines is split into its messages first). Values
+    /// of typed columns only DuckDB can convert are asked in one call for the whole chunk,
+    /// which is then parsed again with the answers. Fails only when DuckDB cannot be asked.
+    pub fn parse(&mut self, c: &mut Chunk) -> Result<()> {
         c.split_lines();
+        c.n_inputs = self.n;
+        c.n_typed = self.plan.typed().len();
+        self.parse_messages(c, &Answers::new());
+        if c.asks.is_empty() {
+            return Ok(());
+        }
+        let answers = self.ask(&c.asks)?;
+        c.unparse();
+        self.parse_messages(c, &answers);
+        Ok(())
+    }
+
+    /// DuckDB's answers for a chunk's values (one call per column type).
+    fn ask(&self, asks: &[Ask]) -> Result<Answers> {
+        let resolver = self.resolver.0.as_ref().ok_or_else(|| {
+            EtlError::Internal("a typed value needs DuckDB, and no resolver was given".into())
+        })?;
+        let mut answers = Answers::new();
+        let typed = self.plan.typed();
+        for (j, col) in typed.iter().enumerate() {
+            let these: Vec<&Ask> = asks.iter().filter(|a| a.column as usize == j).collect();
+            if these.is_empty() {
+                continue;
+            }
+            let json: Vec<&str> = these.iter().map(|a| a.json.as_str()).collect();
+            let got = resolver
+                .resolve(&col.sql_type, &json)
+                .map_err(|e| EtlError::Internal(format!("converting values to {}: {e}", col.sql_type)))?;
+            if got.len() != these.len() {
+                return Err(EtlError::Internal(format!(
+                    "converting values to {}: {} answers for {} values",
+                    col.sql_type,
+                    got.len(),
+                    these.len()
+                )));
+            }
+            for (a, answer) in these.into_iter().zip(got) {
+                let v = match answer {
+                    Ok(text) => from_answer(col.repr, &a.json, &text).ok_or_else(|| {
+                        format!("DuckDB converted it to '{text}', which does not read back")
+                    }),
+                    Err(why) => Err(why),
+                };
+                answers.insert((a.at, a.column), v);
+            }
+        }
+        Ok(answers)
+    }
+
+    /// One pass over the chunk's messages.
+    fn parse_messages(&mut self, c: &mut Chunk, answers: &Answers) {
         let n = self.n;
-        c.n_inputs = n;
         for i in 0..c.len() {
             let (a, b) = c.spans[i];
             let msg_key = c.msg_key_spans[i].map(|(s, e)| &c.msg_keys[s..e]);
             let payload = &c.payload[a..b];
+            let typed_from = c.typed.len();
             let (time, rest) = match self.decoder.decode(payload, c.schemas[i]) {
                 Err(e) => (Err(Reject::Syntax(e)), Ok(())),
                 Ok(fields) => match self.plan.time(&fields, c.timestamps[i]) {
                     Err(r) => (Err(r), Ok(())),
                     Ok(t) => {
                         let rest = with_inputs(n, |inputs| {
-                            let rest = self
-                                .plan
-                                .key(&fields, msg_key, &mut self.key)
-                                .and_then(|()| self.plan.inputs(&fields, inputs));
+                            let out = TypedOut {
+                                typed: &mut c.typed,
+                                texts: &mut c.texts,
+                                asks: &mut c.asks,
+                                reasons: &mut c.reasons,
+                            };
+                            let typed = own_typed(&self.plan, &fields, i as u32, answers, out);
+                            let rest = typed
+                                .and_then(|()| {
+                                    let cells = (&c.typed[typed_from..], &c.texts[..]);
+                                    self.plan.key(&fields, msg_key, cells, &mut self.key)
+                                })
+                                .and_then(|_| self.plan.inputs(&fields, inputs));
                             if rest.is_ok() {
                                 c.keys.extend_from_slice(&self.key);
                                 for input in inputs.iter() {
@@ -76,6 +147,9 @@ impl ChunkParser {
                 c.time.resize(i + 1, 0);
                 c.hashes.push(0);
                 c.inputs.extend(std::iter::repeat_n(OwnedInput::Skip, n));
+                c.typed.truncate(typed_from);
+                c.typed
+                    .extend(std::iter::repeat_n(OwnedTyped::Null, c.n_typed));
                 c.status.push(c.rejects.len() as u32);
                 c.rejects.push(r);
             } else {
@@ -84,6 +158,72 @@ impl ChunkParser {
             c.key_ends.push(c.keys.len());
         }
     }
+}
+
+/// Where a message's typed columns go in its chunk.
+struct TypedOut<'c> {
+    typed: &'c mut Vec<OwnedTyped>,
+    texts: &'c mut Vec<u8>,
+    asks: &'c mut Vec<Ask>,
+    reasons: &'c mut Vec<String>,
+}
+
+/// Converts message `i`'s typed columns into the chunk (a value only DuckDB can convert is
+/// pending, and asked about, unless `answers` has it).
+fn own_typed(
+    plan: &FieldPlan,
+    fields: &crate::decode::Fields<'_>,
+    i: u32,
+    answers: &Answers,
+    c: TypedOut<'_>,
+) -> std::result::Result<(), Reject> {
+    for j in 0..plan.typed().len() {
+        let answered;
+        let v = match answers.get(&(i, j as u32)) {
+            Some(Ok(v)) => {
+                answered = v.clone();
+                answered
+            }
+            Some(Err(why)) => {
+                let json = match plan.convert(fields, j)? {
+                    Converted::Ask(json) => json,
+                    _ => String::new(),
+                };
+                return Err(unconverted(c, plan.unconverted(j, &json, why)));
+            }
+            None => plan.convert(fields, j)?,
+        };
+        let cell = match v {
+            Converted::Null => OwnedTyped::Null,
+            Converted::Bool(b) => OwnedTyped::Bool(b),
+            Converted::Int(x) => OwnedTyped::Int(x),
+            Converted::Double(x) => OwnedTyped::Double(x),
+            Converted::Text(t) => {
+                let start = c.texts.len() as u32;
+                c.texts.extend_from_slice(t.as_bytes());
+                OwnedTyped::Text(start, c.texts.len() as u32)
+            }
+            Converted::Ask(json) => {
+                c.asks.push(Ask {
+                    at: i,
+                    column: j as u32,
+                    json,
+                });
+                OwnedTyped::Pending
+            }
+            Converted::Refused(why) => {
+                return Err(unconverted(c, plan.unconverted(j, "(binary data)", why)));
+            }
+        };
+        c.typed.push(cell);
+    }
+    Ok(())
+}
+
+/// A dead letter whose reason is `why` (kept in the chunk).
+fn unconverted(c: TypedOut<'_>, why: String) -> Reject {
+    c.reasons.push(why);
+    Reject::Unconverted((c.reasons.len() - 1) as u32)
 }
 
 /// An input kept in the chunk (its text in the chunk's arena).
@@ -139,7 +279,7 @@ mod tests {
                 schema: None,
             });
         }
-        ChunkParser::new(&cfg()).parse(&mut c);
+        ChunkParser::new(&cfg()).parse(&mut c).unwrap();
         assert_eq!(c.parsed(0), Ok(1500));
         assert!(matches!(
             c.parsed(1),

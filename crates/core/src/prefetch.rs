@@ -41,7 +41,9 @@ impl Parsers {
             .unwrap_or_else(PoisonError::into_inner)
             .as_mut()
         {
-            parser.parse(c);
+            if let Err(e) = parser.parse(c) {
+                *slot.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+            }
         }
         self.idle
             .lock()
@@ -51,10 +53,12 @@ impl Parsers {
     }
 }
 
-/// A chunk read ahead: parsed once `done`.
+/// A chunk read ahead: parsed once `done` (or failed to be: DuckDB could not be asked about
+/// its typed values).
 struct Slot {
     chunk: Mutex<Option<Chunk>>,
     done: AtomicBool,
+    failed: Mutex<Option<EtlError>>,
 }
 
 /// A partition's chunks read ahead.
@@ -135,6 +139,7 @@ impl ReadAhead {
             let slot = Arc::new(Slot {
                 chunk: Mutex::new(Some(chunk)),
                 done: AtomicBool::new(false),
+                failed: Mutex::new(None),
             });
             lane.pending.push_back(Arc::clone(&slot));
             let parsers = Arc::clone(&parsers);
@@ -151,6 +156,14 @@ impl ReadAhead {
         engine
             .pool()
             .help_until(|| slot.done.load(Ordering::Acquire))?;
+        if let Some(e) = slot
+            .failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            return Err(e);
+        }
         let chunk = slot
             .chunk
             .lock()

@@ -5,6 +5,8 @@
 //! roles it has. (The second part of the file is its tests.)
 
 use crate::aggregate::{AggFunc, Input};
+use crate::chunk::OwnedTyped;
+use crate::columns::{convert, Converted, Repr};
 use crate::config::{EngineConfig, MAX_AGGREGATES};
 use crate::decode::{
     json_number, parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind,
@@ -53,6 +55,9 @@ pub(crate) enum Reject {
     NoKafkaTimestamp,
     /// The event time is further ahead of the wall clock than `max_future_ms`.
     TooFarAhead,
+    /// A typed column's value does not convert to its type: the reason's place among its
+    /// chunk's reasons (they name the field, the type, the value and DuckDB's message).
+    Unconverted(u32),
 }
 
 /// The fields a job reads and what each is for.
@@ -74,6 +79,18 @@ pub(crate) struct FieldPlan {
     /// How messages are encoded, and the schemas of binary ones.
     encoding: Format,
     schemas: Schemas,
+    /// The typed columns (`columns`), in order.
+    typed: Vec<TypedInput>,
+    /// Per key column: the typed column it is read as, if any.
+    key_typed: Vec<Option<usize>>,
+}
+
+/// How a typed column is read.
+#[derive(Debug, Clone)]
+pub(crate) struct TypedInput {
+    pub path: usize,
+    pub repr: Repr,
+    pub sql_type: String,
 }
 
 /// The aggregates of most jobs fit in this many inputs.
@@ -114,6 +131,7 @@ fn input_class(f: AggFunc) -> u8 {
         AggFunc::First | AggFunc::Last => 2,
         AggFunc::Count | AggFunc::CountStar => 3,
         AggFunc::ArgMax | AggFunc::ArgMin => 4,
+        AggFunc::Duck => 5,
     }
 }
 
@@ -129,6 +147,20 @@ impl FieldPlan {
         };
         let time = (!cfg.kafka_timestamp).then(|| index(&cfg.time_field));
         let keys = cfg.keys.iter().map(|k| index(&k.path)).collect();
+        let typed: Vec<TypedInput> = cfg
+            .columns
+            .iter()
+            .map(|c| TypedInput {
+                path: index(&c.path),
+                repr: c.repr,
+                sql_type: c.sql_type.clone(),
+            })
+            .collect();
+        let key_typed = cfg
+            .keys
+            .iter()
+            .map(|k| cfg.columns.iter().position(|c| c.path == k.path))
+            .collect();
         let mut inputs: Vec<AggInput> = Vec::new();
         for a in &cfg.aggregates {
             let path = a.path.as_ref().map(&mut index);
@@ -166,7 +198,32 @@ impl FieldPlan {
             inputs,
             encoding: cfg.format.clone(),
             schemas: cfg.schemas.clone(),
+            typed,
+            key_typed,
         }
+    }
+
+    /// The typed columns, in order.
+    pub(crate) fn typed(&self) -> &[TypedInput] {
+        &self.typed
+    }
+
+    /// Typed column `j` of a message, converted where that is certain (see `columns`).
+    #[inline]
+    pub(crate) fn convert<'a>(&self, f: &Fields<'a>, j: usize) -> Result<Converted<'a>, Reject> {
+        let t = &self.typed[j];
+        let v = f.get(t.path);
+        if v.duplicate {
+            return Err(Reject::Duplicate(Role::Value, t.path));
+        }
+        Ok(convert(t.repr, &v))
+    }
+
+    /// The name of typed column `j`'s field.
+    pub(crate) fn typed_path(&self, j: usize) -> &str {
+        self.paths
+            .get(self.typed[j].path)
+            .map_or("?", |p| p.as_str())
     }
 
     #[cfg(test)]
@@ -201,7 +258,8 @@ impl FieldPlan {
                 }
             }
         }
-        for &i in self.keys.iter().chain(self.time.as_ref()) {
+        let typed = self.typed.iter().map(|t| &t.path);
+        for &i in self.keys.iter().chain(self.time.as_ref()).chain(typed) {
             if i < 64 {
                 other |= 1 << i;
             }
@@ -262,7 +320,24 @@ impl FieldPlan {
                 ),
                 None => "event time is too far ahead of the wall clock".to_string(),
             },
+            // (Its text is its chunk's; see `Chunk::reason`.)
+            Reject::Unconverted(_) => "a value does not convert to its column's type".into(),
         }
+    }
+
+    /// Why typed column `j`'s value does not convert (`json`: the value, `why`: DuckDB's
+    /// message, or what is wrong with it).
+    pub(crate) fn unconverted(&self, j: usize, json: &str, why: &str) -> String {
+        const SHOWN: usize = 200;
+        let shown = match json.char_indices().nth(SHOWN) {
+            Some((at, _)) => format!("{}...", &json[..at]),
+            None => json.to_string(),
+        };
+        format!(
+            "field '{}' does not convert to {}: {shown} ({why})",
+            self.typed_path(j),
+            self.typed[j].sql_type
+        )
     }
 
     /// The event time, epoch milliseconds (`record_ms`: the Kafka record's timestamp).
@@ -321,20 +396,43 @@ impl FieldPlan {
         }
     }
 
-    /// The key, encoded into `out` (see [`key_parts`]); `message_key` is the Kafka key.
+    /// The key, encoded into `out` (see [`key_parts`]); `message_key` is the Kafka key;
+    /// `typed`: the message's typed columns as converted (their texts in `texts`). Returns
+    /// whether the key is complete: a typed key part that waits for DuckDB's answer is not.
     #[inline]
-    pub fn key(
+    pub(crate) fn key(
         &self,
         f: &Fields<'_>,
         message_key: Option<&[u8]>,
+        (typed, texts): (&[OwnedTyped], &[u8]),
         out: &mut Vec<u8>,
-    ) -> Result<(), Reject> {
+    ) -> Result<bool, Reject> {
         out.clear();
         let single = self.keys.len() == 1;
-        for &i in &self.keys {
+        for (k, &i) in self.keys.iter().enumerate() {
             let v = f.get(i);
             if v.duplicate {
                 return Err(Reject::Duplicate(Role::Key, i));
+            }
+            if let Some(j) = self.key_typed.get(k).copied().flatten() {
+                let owned;
+                let text: &[u8] = match typed.get(j).copied().unwrap_or(OwnedTyped::Null) {
+                    OwnedTyped::Null if v.kind == Kind::Missing => {
+                        return Err(Reject::Missing(Role::Key, i))
+                    }
+                    OwnedTyped::Null => return Err(Reject::Null(Role::Key, i)),
+                    OwnedTyped::Pending => return Ok(false),
+                    OwnedTyped::Text(a, b) => texts.get(a as usize..b as usize).unwrap_or(&[]),
+                    other => {
+                        owned = other.key_text();
+                        owned.as_bytes()
+                    }
+                };
+                if !single {
+                    out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+                }
+                out.extend_from_slice(text);
+                continue;
             }
             let text: &[u8] = match v.kind {
                 Kind::String | Kind::Number => v.bytes,
@@ -353,7 +451,7 @@ impl FieldPlan {
             }
             out.extend_from_slice(text);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Each aggregate's input, checked, into `out` (a value of the wrong type rejects the
@@ -541,7 +639,8 @@ mod tests {
             .map_err(|e| plan.describe(Reject::Syntax(e)))?;
         let t = plan.time(&f, None).map_err(|e| plan.describe(e))?;
         let mut key = Vec::new();
-        plan.key(&f, None, &mut key).map_err(|e| plan.describe(e))?;
+        plan.key(&f, None, (&[], &[]), &mut key)
+            .map_err(|e| plan.describe(e))?;
         let mut inputs = [Input::Skip; 4];
         plan.inputs(&f, &mut inputs).map_err(|e| plan.describe(e))?;
         let v = match inputs[1] {
@@ -703,7 +802,7 @@ mod tests {
             .decode(br#"{"ts":1,"region":"eu","item":{"sku":"A\"1"},"vip":true}"#)
             .unwrap();
         let mut key = Vec::new();
-        plan.key(&f, None, &mut key).unwrap();
+        plan.key(&f, None, (&[], &[]), &mut key).unwrap();
         assert_eq!(
             key_parts(&key, 3).collect::<Vec<_>>(),
             vec!["eu", "A\"1", "true"]
@@ -713,7 +812,7 @@ mod tests {
         assert_eq!(late, r#"["eu","A\"1","true"]"#);
         let f = d.decode(br#"{"ts":1,"region":"eu","vip":1}"#).unwrap();
         assert_eq!(
-            plan.describe(plan.key(&f, None, &mut key).unwrap_err()),
+            plan.describe(plan.key(&f, None, (&[], &[]), &mut key).unwrap_err()),
             "missing key field 'item.sku'"
         );
         assert!(!late_key(b"", 0, &mut late));

@@ -64,7 +64,43 @@ impl ColumnType {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Column {
     pub name: String,
+    /// The type of its values in the rows.
     pub ty: ColumnType,
+    pub role: Role,
+}
+
+/// How a column of the rows meets the table's.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Role {
+    /// The table's column has the rows' type and takes their values.
+    #[default]
+    Plain,
+    /// The table's column has this DuckDB type, and the rows' text is cast to it (a typed key).
+    Cast(String),
+    /// The table's column has this DuckDB type and DuckDB computes its value (an aggregate over
+    /// the window's staged events); the rows hold NULL in its place.
+    Computed(String),
+    /// In the rows only, not in the table: what the sink needs to compute the others.
+    Hidden,
+}
+
+impl Column {
+    pub fn new(name: &str, ty: ColumnType) -> Column {
+        Column {
+            name: name.to_string(),
+            ty,
+            role: Role::Plain,
+        }
+    }
+
+    /// The column's DuckDB type in the table (None for a hidden one).
+    pub fn sql_type(&self) -> Option<&str> {
+        match &self.role {
+            Role::Plain => Some(self.ty.sql()),
+            Role::Cast(t) | Role::Computed(t) => Some(t),
+            Role::Hidden => None,
+        }
+    }
 }
 
 /// An output table's shape: its columns in order and its primary key (column names, in key
@@ -76,12 +112,7 @@ pub struct TableSchema {
 }
 
 fn columns(list: &[(&str, ColumnType)]) -> Vec<Column> {
-    list.iter()
-        .map(|&(name, ty)| Column {
-            name: name.to_string(),
-            ty,
-        })
-        .collect()
+    list.iter().map(|&(name, ty)| Column::new(name, ty)).collect()
 }
 
 impl TableSchema {
@@ -130,6 +161,20 @@ impl TableSchema {
 
     pub fn types(&self) -> Vec<ColumnType> {
         self.columns.iter().map(|c| c.ty).collect()
+    }
+
+    /// The columns the table has (all but the hidden ones), with their place in the rows.
+    pub fn table_columns(&self) -> impl Iterator<Item = (usize, &Column)> {
+        self.columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.role != Role::Hidden)
+    }
+
+    /// Whether every column of the rows is the table's as it is (no cast, computed or hidden
+    /// column): the rows can be inserted as they are.
+    pub fn plain(&self) -> bool {
+        self.columns.iter().all(|c| c.role == Role::Plain)
     }
 
     /// The same table without a primary key (append mode).

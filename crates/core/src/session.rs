@@ -260,6 +260,7 @@ impl SessionStore {
                     closed: false,
                     revision,
                     retracted: false,
+                    correction: false,
                 };
                 self.shape
                     .write(out, s.start, end, key, Some(&s.states), tail);
@@ -438,6 +439,7 @@ fn retract(shape: &Shape, out: &mut Rows, key: &[u8], e: Emitted) {
         closed: true,
         revision: e.revision + 1,
         retracted: true,
+        correction: false,
     };
     shape.write(out, e.start, e.end, key, None, tail);
 }

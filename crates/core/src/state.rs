@@ -104,37 +104,76 @@ impl ByTable<TableSchema> {
     }
 }
 
-/// The output of one checkpoint cycle, applied to DuckDB as one transaction.
-pub type Batch = ByTable<Rows>;
+/// The output of one checkpoint cycle, applied to DuckDB as one transaction: rows of the three
+/// output tables (the batch reads as their [`ByTable`]) and, for a job whose aggregates DuckDB
+/// computes, the events the cycle placed in windows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub tables: ByTable<Rows>,
+    pub staged: Staged,
+}
 
-impl ByTable<Rows> {
-    /// No rows yet, in the shapes of `schemas`.
+/// The events a cycle placed in windows (in `EngineConfig::staged_schema`'s shape), staged so
+/// that DuckDB computes its aggregates over each window's events; and which staged events the
+/// job still needs after the cycle.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Staged {
+    pub rows: Rows,
+    /// Tumbling and hopping windows: events of panes before this are needed no more (None: no
+    /// pane is live). Sessions: the sessions written in the cycle's final rows say it.
+    pub live_from_pane_ms: Option<i64>,
+}
+
+impl std::ops::Deref for Batch {
+    type Target = ByTable<Rows>;
+    fn deref(&self) -> &ByTable<Rows> {
+        &self.tables
+    }
+}
+
+impl std::ops::DerefMut for Batch {
+    fn deref_mut(&mut self) -> &mut ByTable<Rows> {
+        &mut self.tables
+    }
+}
+
+impl Batch {
+    /// No rows yet, in the shapes of `schemas` (and no staged events).
     pub fn empty(schemas: &OutputSchemas) -> Batch {
-        schemas.as_ref().map(|s| Rows::new(s.types()))
+        Batch {
+            tables: schemas.as_ref().map(|s| Rows::new(s.types())),
+            staged: Staged {
+                rows: Rows::new(Vec::new()),
+                live_from_pane_ms: None,
+            },
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.iter().all(|r| r.is_empty())
+        self.tables.iter().all(|r| r.is_empty()) && self.staged.rows.is_empty()
     }
 
     pub fn clear(&mut self) {
-        self.as_mut().map(Rows::clear);
+        self.tables.as_mut().map(Rows::clear);
+        self.staged.rows.clear();
+        self.staged.live_from_pane_ms = None;
     }
 
     pub fn rows(&self) -> usize {
-        self.iter().map(|r| r.len()).sum()
+        self.tables.iter().map(|r| r.len()).sum()
     }
 
     /// Reports a row written with the wrong shape (a bug).
     pub fn check(&self) -> Result<(), String> {
-        self.iter().try_for_each(Rows::check)
+        self.tables.iter().try_for_each(Rows::check)?;
+        self.staged.rows.check()
     }
 
     /// The stored form: the three tables' schemas and rows, so a batch can be applied again
     /// after a crash without the run's configuration.
     pub fn encode(&self, schemas: &OutputSchemas, out: &mut Vec<u8>) {
         out.push(FORMAT);
-        for (schema, rows) in schemas.iter().zip(self) {
+        for (schema, rows) in schemas.iter().zip(self.tables.iter()) {
             encode_schema(schema, out);
             rows.encode(out);
         }
@@ -166,7 +205,10 @@ impl ByTable<Rows> {
             late,
             dead,
         };
-        Ok((both.as_ref().map(|(s, _)| s.clone()), both.map(|(_, r)| r)))
+        let schemas = both.as_ref().map(|(s, _)| s.clone());
+        let mut batch = Batch::empty(&schemas);
+        batch.tables = both.map(|(_, r)| r);
+        Ok((schemas, batch))
     }
 }
 
@@ -202,7 +244,7 @@ fn decode_schema(data: &[u8], at: &mut usize) -> Result<TableSchema, CodecError>
             "DOUBLE[]" => ColumnType::DoubleList,
             _ => return Err(CodecError("unknown column type")),
         };
-        columns.push(crate::rows::Column { name, ty });
+        columns.push(crate::rows::Column::new(&name, ty));
     }
     let k = r.count()?;
     let mut primary_key = Vec::with_capacity(k.min(1024));

@@ -361,6 +361,20 @@ impl PaneStore {
         self.entries
     }
 
+    /// The first pane a window row may still read (open or kept for late updates): the staged
+    /// events of earlier panes are never needed again.
+    pub(crate) fn first_live_pane(&self) -> Option<i64> {
+        let open = self.panes.keys().next().copied();
+        let kept = self
+            .track
+            .as_ref()
+            .and_then(|t| t.retained.keys().next().copied());
+        match (open, kept) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Restores one (pane, key) entry.
     pub(crate) fn insert_states(&mut self, pane: i64, key: &[u8], states: States) {
         if self.panes.entry(pane).or_default().put(key, states) {
@@ -655,6 +669,7 @@ impl PaneStore {
                     closed: end <= closed_ms,
                     revision: entry.0,
                     retracted: false,
+                    correction: end <= closed_ms,
                 };
                 self.shape.write(out, s, end, &key, Some(&states), tail);
                 written += 1;

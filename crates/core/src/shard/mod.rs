@@ -13,16 +13,16 @@ mod legacy;
 use std::sync::Arc;
 
 use crate::aggregate::Input;
-use crate::chunk::Lent;
+use crate::chunk::{Chunk, Lent, OwnedTyped};
 use crate::codec::{CodecError, Reader, Writer};
 use crate::config::{Emit, EngineConfig, WindowKind};
 use crate::emit::Shape;
 use crate::format::record_json;
-use crate::record::{late_key, with_inputs};
+use crate::record::{key_parts, late_key, with_inputs};
 use crate::rows::{Cell, Rows};
 use crate::session::SessionStore;
 use crate::state::OutputSchemas;
-use crate::window::{hash_key, PaneStore};
+use crate::window::{hash_key, window_start_ms, PaneStore};
 
 /// The shard of a key's hash among `shards`. The hash is mixed again first: the panes' hash
 /// tables read its bits too, and keys of one shard must not share them.
@@ -66,7 +66,8 @@ const STATE_FORMAT: u8 = 2;
 impl Windows {
     fn new(cfg: &EngineConfig, floor_ms: i64) -> Windows {
         let size = cfg.time.window_ms;
-        let shape = Shape::new(cfg.keys.len(), &cfg.aggregates, cfg.revisions());
+        let mut shape = Shape::new(cfg.keys.len(), &cfg.aggregates, cfg.revisions());
+        shape.corrections = cfg.marks_corrections();
         let running = cfg.emit == Emit::Update;
         let panes = |hop_ms| {
             PaneStore::new(size, hop_ms, shape.clone(), floor_ms)
@@ -85,6 +86,14 @@ impl Windows {
         match self {
             Windows::Panes(p) => p.open_windows(),
             Windows::Sessions(s) => s.open_windows(),
+        }
+    }
+
+    /// The first pane a window row may still read (tumbling and hopping; None when none is).
+    pub(crate) fn first_live_pane(&self) -> Option<i64> {
+        match self {
+            Windows::Panes(p) => p.first_live_pane(),
+            Windows::Sessions(_) => None,
         }
     }
 
@@ -173,6 +182,9 @@ fn panes_of(cfg: &EngineConfig, floor_ms: i64, shards: usize) -> Vec<PaneStore> 
 pub(crate) struct ShardOutput {
     pub windows: Rows,
     pub late: Rows,
+    /// The events placed in windows, for a job whose aggregates DuckDB computes (see
+    /// `EngineConfig::staged_schema`).
+    pub staged: Rows,
     pub windows_emitted: u64,
     pub late_events: u64,
 }
@@ -189,6 +201,8 @@ pub(crate) struct Shard {
     /// The latest end a flush wrote.
     pub(crate) flushed_to: Option<i64>,
     late_key: String,
+    /// A job whose aggregates DuckDB computes: which typed columns its staged events carry.
+    staged_values: Option<Box<[usize]>>,
 }
 
 impl Shard {
@@ -201,7 +215,6 @@ impl Shard {
         now_ms: i64,
     ) -> Shard {
         Shard {
-            cfg,
             topic,
             windows,
             closed_ms: floor_ms,
@@ -209,11 +222,19 @@ impl Shard {
             out: ShardOutput {
                 windows: Rows::new(schemas.windows.types()),
                 late: Rows::new(schemas.late.types()),
+                staged: Rows::new(cfg.staged_schema().types()),
                 windows_emitted: 0,
                 late_events: 0,
             },
             flushed_to: None,
             late_key: String::new(),
+            staged_values: cfg.stages().then(|| {
+                let values: Vec<usize> = (0..cfg.columns.len())
+                    .filter(|&j| !cfg.keys.iter().any(|k| k.path == cfg.columns[j].path))
+                    .collect();
+                values.into()
+            }),
+            cfg,
         }
     }
 
@@ -303,8 +324,12 @@ impl Shard {
             }
         });
         let Err((start, end)) = late else {
+            self.stage(chunk, i, t, watermark);
             return;
         };
+        if applied {
+            self.stage(chunk, i, t, watermark);
+        }
         self.out.late_events += 1;
         let msg = chunk.message(i);
         let has_key = late_key(key, self.cfg.keys.len(), &mut self.late_key);
@@ -329,6 +354,46 @@ impl Shard {
             .i64(msg.offset);
         if self.cfg.late_updates_ms.is_some() {
             row.cell(Cell::Bool(applied));
+        }
+        row.finish();
+    }
+}
+
+impl Shard {
+    /// Stages an event placed in windows (a job whose aggregates DuckDB computes): its key
+    /// columns, pane, time, the watermark it was placed under, its typed values.
+    #[inline]
+    fn stage(&mut self, chunk: &Chunk, i: usize, t: i64, watermark: i64) {
+        let Some(values) = &self.staged_values else {
+            return;
+        };
+        let cfg = &self.cfg;
+        let mut row = self.out.staged.row();
+        for part in key_parts(chunk.key(i), cfg.keys.len()) {
+            row.str(part);
+        }
+        match cfg.window {
+            WindowKind::Tumbling => {
+                row.i64(window_start_ms(t, cfg.time.window_ms));
+            }
+            WindowKind::Hopping { hop_ms } => {
+                row.i64(window_start_ms(t, hop_ms));
+            }
+            WindowKind::Session => {}
+        }
+        row.i64(t);
+        if cfg.stamps_events() {
+            row.i64(watermark);
+        }
+        let typed = chunk.typed(i);
+        for &j in values.iter() {
+            match typed.get(j).copied().unwrap_or(OwnedTyped::Null) {
+                OwnedTyped::Null | OwnedTyped::Pending => row.cell(Cell::Null),
+                OwnedTyped::Bool(b) => row.cell(Cell::Bool(b)),
+                OwnedTyped::Int(v) => row.i64(v),
+                OwnedTyped::Double(v) => row.cell(Cell::F64(v)),
+                OwnedTyped::Text(a, b) => row.str(chunk.text(a, b)),
+            };
         }
         row.finish();
     }
