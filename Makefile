@@ -121,7 +121,7 @@ sqltest: release configure
 # The core of the Python tests (semantics, windows, files, host, sandbox), also run on the other
 # DuckDB lines; DuckLake's tests run on 1.4 (the line PyPI has its extensions for).
 CORE_TESTS := test/python/test_semantics.py test/python/test_windows.py test/python/test_file_source.py \
-              test/python/test_host.py test/python/test_sandbox.py
+              test/python/test_host.py test/python/test_sandbox.py test/python/test_duckdb_aggregates.py
 
 pytest: release fault tools configure $(TANSU) $(CARGO_FUZZ)
 	$(PY) -m pytest -q test/python
@@ -164,6 +164,7 @@ bench: release tools configure $(NEXMARK)
 	$(PY) scripts/bench_threads.py
 	$(PY) scripts/bench_formats.py
 	$(PY) scripts/bench_emit.py
+	$(PY) scripts/bench_sql_aggregates.py
 	$(LTS_PY) scripts/group_scale.py --only commits
 	$(LTS_PY) scripts/group_scale.py --only cpu
 

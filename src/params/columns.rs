@@ -69,10 +69,7 @@ pub(super) fn parse_columns(given: &Given<'_>) -> Result<Vec<TypedColumn>> {
                 "column names starting with {INTERNAL_PREFIX} are reserved"
             )));
         }
-        if out
-            .iter()
-            .any(|c| c.name.eq_ignore_ascii_case(&column))
-        {
+        if out.iter().any(|c| c.name.eq_ignore_ascii_case(&column)) {
             return Err(bad(format!(
                 "column '{column}' is declared twice; give one field another name (AS ...)"
             )));
@@ -88,25 +85,32 @@ pub(super) fn parse_columns(given: &Given<'_>) -> Result<Vec<TypedColumn>> {
 
 /// The typed column a `group_by` path names: by its name (`customer` for
 /// `'customer.id AS customer'`) or by its path.
-pub(super) fn typed_key<'a>(columns: &'a [TypedColumn], path: &FieldPath) -> Option<&'a TypedColumn> {
-    columns
-        .iter()
-        .find(|c| c.path == *path)
-        .or_else(|| {
-            columns
-                .iter()
-                .find(|c| c.name.eq_ignore_ascii_case(path.as_str()))
-        })
+pub(super) fn typed_key<'a>(
+    columns: &'a [TypedColumn],
+    path: &FieldPath,
+) -> Option<&'a TypedColumn> {
+    columns.iter().find(|c| c.path == *path).or_else(|| {
+        columns
+            .iter()
+            .find(|c| c.name.eq_ignore_ascii_case(path.as_str()))
+    })
 }
 
 /// One item of `aggregates` in a job with typed columns: the engine's own aggregate where it
 /// reads none of them (its fast path), else an expression DuckDB computes.
-pub(super) fn parse_aggregate(item: &str, columns: &[TypedColumn]) -> std::result::Result<AggSpec, String> {
-    // A path names a typed column by its first segment (`s.a` is a field of the column `s`).
+pub(super) fn parse_aggregate(
+    item: &str,
+    columns: &[TypedColumn],
+) -> std::result::Result<AggSpec, String> {
+    // A path names a typed column by its first segment (`s.a` is a field of the column `s`);
+    // one that is not a plain dotted name (`len(tags)`) is an expression, DuckDB's to read.
     let typed = |p: &String| {
         let first = p.split('.').next().unwrap_or(p);
         first.eq_ignore_ascii_case(EVENT_TIME)
             || columns.iter().any(|c| c.name.eq_ignore_ascii_case(first))
+            || !p
+                .chars()
+                .all(|c| c.is_alphanumeric() || c == '_' || c == '.')
     };
     if let Ok(spec) = AggSpec::parse(item) {
         if !spec.paths().iter().any(typed) {
@@ -252,6 +256,7 @@ mod tests {
         assert!(!engine("max(event_time_ms)"));
         assert!(!engine("count(*) FILTER (WHERE amount > 10)"));
         assert!(!engine("max(customer.id)"));
+        assert!(!engine("sum(len(tags)) AS n"));
         assert!(!engine("median(amount)"));
         let d = parse_aggregate("quantile_cont(amount, [0.5, 0.99]) AS q", &c).unwrap();
         assert_eq!(d.name, "q");
@@ -263,15 +268,23 @@ mod tests {
         let name = |s: &str| parse_aggregate(s, &cols()).map(|a| a.name);
         assert_eq!(name("median(amount)").unwrap(), "median_amount");
         assert_eq!(name("count(DISTINCT customer)").unwrap(), "count_customer");
-        assert_eq!(name("list(DISTINCT amount ORDER BY amount)").unwrap(), "list_amount");
+        assert_eq!(
+            name("list(DISTINCT amount ORDER BY amount)").unwrap(),
+            "list_amount"
+        );
         assert_eq!(
             name("sum(amount) FILTER (WHERE customer > 3)").unwrap(),
             "sum_amount"
         );
         assert_eq!(name("my.schema.f(*)").unwrap(), "f");
         assert!(name("sum(amount) / count(*)").unwrap_err().contains("AS"));
-        assert_eq!(name("sum(amount) / count(*) AS avg_amount").unwrap(), "avg_amount");
-        assert!(name("sum(amount) AS __se_x").unwrap_err().contains("reserved"));
+        assert_eq!(
+            name("sum(amount) / count(*) AS avg_amount").unwrap(),
+            "avg_amount"
+        );
+        assert!(name("sum(amount) AS __se_x")
+            .unwrap_err()
+            .contains("reserved"));
     }
 
     #[test]

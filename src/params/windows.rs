@@ -4,8 +4,8 @@
 //! checked.
 
 use streaming_etl_core::{
-    split_alias, AggSpec, Emit, EngineConfig, EtlError, FieldPath, KeyColumn, Result,
-    TypedColumn, WindowKind, MAX_AGGREGATES,
+    split_alias, AggSpec, Emit, EngineConfig, EtlError, FieldPath, KeyColumn, Result, TypedColumn,
+    WindowKind, MAX_AGGREGATES,
 };
 
 use super::columns::{parse_aggregate, typed_key};
@@ -96,10 +96,7 @@ pub(super) fn parse_window(given: &Given<'_>, window_ms: i64) -> Result<WindowKi
 }
 
 /// `path [AS name]` of `group_by`; a typed column (by its path or name) is read as that column.
-fn parse_key_column(
-    item: &str,
-    columns: &[TypedColumn],
-) -> std::result::Result<KeyColumn, String> {
+fn parse_key_column(item: &str, columns: &[TypedColumn]) -> std::result::Result<KeyColumn, String> {
     let (expr, alias) = split_alias(item)?;
     let path = FieldPath::parse(expr)
         .filter(|_| !expr.is_empty() && !expr.contains(char::is_whitespace))

@@ -146,8 +146,11 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
                 .map_err(|e| sink_error(&staging.table, e))?;
         }
         let parts = out.tables.as_ref().zip(out.schemas.as_ref());
-        for (i, (((table, schema), rows), keys)) in
-            parts.zip(out.batch.as_ref()).zip(plan.keys).into_iter().enumerate()
+        for (i, (((table, schema), rows), keys)) in parts
+            .zip(out.batch.as_ref())
+            .zip(plan.keys)
+            .into_iter()
+            .enumerate()
         {
             let verb = match plan.verb(keys) {
                 // A window's row may be in the table already, from an earlier cycle.

@@ -113,23 +113,48 @@ pub(crate) fn insert_staged(
         let empty = format!("SELECT * FROM {st} WHERE false");
         let new = if new.is_empty() { empty } else { new };
         let query = staging.window_rows(&rows, &new, &live);
-        write_rows(conn, table, schema, &query, verb).map_err(|e| aggregate_error(e, staging))?;
+        if let Err(e) = write_rows(conn, table, schema, &query, verb) {
+            return Err(aggregate_error(conn, e, staging, &rows, &new));
+        }
     }
     conn.execute_batch(&staging.drop_done(&rows, &live))
         .map_err(|e| sink_error(st, e))
 }
 
-/// A failed write of rows with DuckDB's aggregates: DuckDB's error, naming the aggregates.
-fn aggregate_error(e: EtlError, staging: &Staging) -> EtlError {
-    match e {
-        EtlError::Sink { table, message } => EtlError::Sink {
-            table,
-            message: format!(
-                "computing the aggregates {}: {message}; nothing of this cycle was written, and the next run resumes it",
-                staging.aggregates_shown()
-            ),
-        },
-        other => other,
+/// A failed write of rows with DuckDB's aggregates: DuckDB's error, naming the aggregate that
+/// failed (each is computed alone, outside the cycle's transaction, which is rolled back: an
+/// aggregate that overflows, or a cast inside one, fails on the events it reads).
+fn aggregate_error(
+    conn: &Connection,
+    e: EtlError,
+    staging: &Staging,
+    rows: &str,
+    new: &str,
+) -> EtlError {
+    let EtlError::Sink { table, message } = e else {
+        return e;
+    };
+    let _ = conn.execute_batch("ROLLBACK");
+    let failed = staging
+        .each_aggregate(rows, new)
+        .into_iter()
+        .find_map(|(name, sql)| {
+            conn.execute_batch(&sql).err().map(|e| {
+                // (Not the statement of the extension's own that DuckDB quotes.)
+                let text = e.to_string();
+                let first = text.split("\n\nLINE ").next().unwrap_or(&text).to_string();
+                format!("the aggregate {name} failed: {first}")
+            })
+        });
+    let what = failed.unwrap_or_else(|| {
+        format!(
+            "computing the aggregates {}: {message}",
+            staging.aggregates_shown()
+        )
+    });
+    EtlError::Sink {
+        table,
+        message: format!("{what}; nothing of this cycle was written, and the next run resumes it"),
     }
 }
 
@@ -165,7 +190,11 @@ fn lend(parts: &[&Part<'_>]) -> (Vec<Lent>, String) {
 
 /// `query` (columns `c0, ...` in the schema's order) with typed keys cast to their type.
 fn cast_columns(schema: &TableSchema, query: &str) -> String {
-    if !schema.columns.iter().any(|c| matches!(c.role, Role::Cast(_))) {
+    if !schema
+        .columns
+        .iter()
+        .any(|c| matches!(c.role, Role::Cast(_)))
+    {
         return query.to_string();
     }
     let cols: Vec<String> = schema

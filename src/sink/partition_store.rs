@@ -16,7 +16,8 @@ use std::time::Duration;
 use duckdb::types::Value;
 use duckdb::Connection;
 use streaming_etl_core::{
-    Batch, ByTable, Column, ColumnType, EtlError, JobSettings, OutputSchemas, Result, Rows, TableSchema,
+    Batch, ByTable, Column, ColumnType, EtlError, JobSettings, OutputSchemas, Result, Rows,
+    TableSchema,
 };
 use streaming_etl_runtime::clock::{Clock, SystemClock};
 use streaming_etl_runtime::group::{

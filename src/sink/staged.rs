@@ -11,8 +11,9 @@
 //! - sessions: `e ASOF JOIN r` on the key and `event_time_ms >= window_start_ms`, kept where
 //!   `event_time_ms <= window_end_ms - gap` (a key's sessions never overlap);
 //! - with hopping windows or late corrections, an event counts in a row when it was placed
-//!   before the window closed (`__se_stamp < window_end_ms`), or the row is a correction;
-//! then `SELECT __se_w, <aggregates> ... GROUP BY __se_w, <keys>`, joined back to the rows.
+//!   before the window closed (`__se_stamp < window_end_ms`), or the row is a correction.
+//!
+//! Then `SELECT __se_w, <aggregates> ... GROUP BY __se_w, <keys>`, joined back to the rows.
 //! Which staged events stay: tumbling and hopping, those of panes from the first live one on
 //! (the engine says which); sessions, those of sessions not closed by the cycle's rows.
 
@@ -229,7 +230,41 @@ impl Staging {
     /// rows' shape) with the aggregates DuckDB computes over each window's events in their
     /// columns; `new`: the cycle's new events (as [`Staging::new_events`] gives them), `live`
     /// as for [`Staging::kept`]. The result has the columns `c0, ...` of the rows.
-    pub fn window_rows(&self, rows: &str, new: &str, live: &[(Option<i32>, Option<i64>)]) -> String {
+    pub fn window_rows(
+        &self,
+        rows: &str,
+        new: &str,
+        live: &[(Option<i32>, Option<i64>)],
+    ) -> String {
+        self.rows_query(rows, new, Some(live))
+    }
+
+    /// For each aggregate DuckDB computes, a query computing it alone for the cycle's windows
+    /// (over the staged events and all of the cycle's new ones, as they stand before the
+    /// cycle's transaction), with the aggregate as it is named: a failed cycle runs them to
+    /// say which aggregate failed.
+    pub fn each_aggregate(&self, rows: &str, new: &str) -> Vec<(String, String)> {
+        (0..self.aggregates.len())
+            .map(|i| {
+                let mut one = self.clone();
+                one.aggregates = vec![self.aggregates[i].clone()];
+                let name = one.aggregates_shown();
+                (
+                    name,
+                    format!("SELECT count(*) FROM ({})", one.rows_query(rows, new, None)),
+                )
+            })
+            .collect()
+    }
+
+    /// [`Staging::window_rows`]; with `live` None, over every new event (see
+    /// [`Staging::each_aggregate`]).
+    fn rows_query(
+        &self,
+        rows: &str,
+        new: &str,
+        live: Option<&[(Option<i32>, Option<i64>)]>,
+    ) -> String {
         let nrows = self.windows.columns.len();
         let live_rows = match self.retracted {
             Some(r) => format!("SELECT * FROM __se_rows WHERE NOT c{r}"),
@@ -245,11 +280,17 @@ impl Staging {
             .map(|n| quote_ident(n))
             .collect::<Vec<_>>()
             .join(", ");
-        let events = format!(
-            "SELECT {cols} FROM {} UNION ALL SELECT {cols} FROM ({new}) e WHERE NOT ({})",
-            self.table,
-            self.kept(live, &closed)
-        );
+        let events = match live {
+            Some(live) => format!(
+                "SELECT {cols} FROM {} UNION ALL SELECT {cols} FROM ({new}) e WHERE NOT ({})",
+                self.table,
+                self.kept(live, &closed)
+            ),
+            None => format!(
+                "SELECT {cols} FROM {} UNION ALL SELECT {cols} FROM ({new}) e",
+                self.table
+            ),
+        };
         let placed = match (self.correction, self.stamped()) {
             (Some(c), _) => format!(" AND (e.{STAMP} < r.c1 OR r.c{c})"),
             (None, true) => format!(" AND e.{STAMP} < r.c1"),
@@ -301,7 +342,11 @@ impl Staging {
             .aggregates
             .iter()
             .map(|(at, expr)| {
-                let name = self.windows.columns.get(*at).map_or("", |c| c.name.as_str());
+                let name = self
+                    .windows
+                    .columns
+                    .get(*at)
+                    .map_or("", |c| c.name.as_str());
                 format!("'{expr} AS {name}'")
             })
             .collect();

@@ -96,7 +96,10 @@ pub(crate) fn ensure_staged_table(conn: &Connection, staging: &Staging) -> Resul
         .map_err(|e| sink_error(table, e))?;
     let want = staging.column_names();
     let same = have.len() == want.len()
-        && have.iter().zip(&want).all(|(h, w)| h.eq_ignore_ascii_case(w));
+        && have
+            .iter()
+            .zip(&want)
+            .all(|(h, w)| h.eq_ignore_ascii_case(w));
     if same {
         return Ok(());
     }

@@ -206,3 +206,51 @@ def test_avro_records_from_the_registry_in_a_group_equal_the_same_events_as_json
     finally:
         reg.shutdown()
         reg.server_close()
+
+
+def test_duckdb_aggregates_of_partition_tasks_equal_duckdbs_own_over_each_window(tmp_path, postgres, mock):
+    """Typed columns and DuckDB's aggregates with subscribe into a DuckLake (PostgreSQL catalog):
+    pieces run by two members at once, with running rows; each partition's staged events commit
+    with its state and move with it. The final rows equal DuckDB's own aggregates over the events
+    each partition placed in each window (late ones excluded), and the staged events left are
+    those of the windows still open."""
+    import json
+
+    topic = "d" + uuid.uuid4().hex[:8]
+    mock.create_topic(topic, PARTITIONS)
+    catalog, data, con = new_lake(tmp_path, postgres)
+    env = lake_env(catalog, data)
+    aggs = ["count(*) AS n", "sum(v) AS total", "median(v) AS med", "count(DISTINCT v) AS vals",
+            "list(v ORDER BY event_time_ms, v) AS vs"]
+    args = job_args(mock.bootstrap, "typed", "t_", "emit='update'", "columns={'payload.value AS v': 'DECIMAL(6,1)'}",
+                    "aggregates=[" + ", ".join("'" + a + "'" for a in aggs) + "]")
+    sent = [[] for _ in range(PARTITIONS)]
+    for piece in range(2):
+        parts = messages(piece * 2000, 2000, seed=7)
+        for p, lines in enumerate(parts):
+            sent[p] += [line for _, line in lines]
+        send(mock.bootstrap, topic, parts)
+        bounded_runs(tmp_path, [f"d{piece}{i}" for i in range(2)], env, topic, args)
+    bounded_runs(tmp_path, ["dlast"], env, topic, args)
+    late = set(con.execute("SELECT partition, \"offset\" FROM lake.t_late_events").fetchall())
+    dead = set(con.execute("SELECT partition, \"offset\" FROM lake.t_dead_letters").fetchall())
+    rows = [(p, o, json.loads(line)) for p, lines in enumerate(sent) for o, line in enumerate(lines)
+            if (p, o) not in late and (p, o) not in dead]
+    con.execute("CREATE TEMP TABLE placed (p INTEGER, ws BIGINT, key VARCHAR, event_time_ms BIGINT, v DECIMAL(6,1))")
+    con.executemany("INSERT INTO placed VALUES (?, ?, ?, ?, ?)",
+                    [(p, e["event_time_ms"] // 1000 * 1000, e["key"], e["event_time_ms"], e["payload"]["value"])
+                     for p, _, e in rows])
+    want = con.execute(f"SELECT p, ws, key, {', '.join(aggs)} FROM placed GROUP BY ALL ORDER BY 1, 2, 3").fetchall()
+    got = con.execute("SELECT partition, window_start_ms, key, n, total, med, vals, vs FROM lake.t_windows "
+                      "QUALIFY revision = max(revision) OVER (PARTITION BY partition, key, window_start_ms) "
+                      "ORDER BY 1, 2, 3").fetchall()
+    assert got == want, (len(got), len(want), [(a, b) for a, b in zip(got, want) if a != b][:3])
+    assert con.execute("SELECT count(*) FROM lake.t_windows WHERE NOT final").fetchone()[0] > 0
+    types = dict(con.execute("SELECT column_name, data_type FROM information_schema.columns "
+                             "WHERE table_name = 't_windows'").fetchall())
+    assert types["total"] == "DECIMAL(38,1)" and types["vs"] == "DECIMAL(6,1)[]", types
+    # What stays staged is the open windows' events: at most the last second of each partition.
+    staged = con.execute("SELECT partition, min(__se_pane) FROM lake.streaming_etl_staged_t_windows GROUP BY ALL").fetchall()
+    last = {p: max(e["event_time_ms"] for q, _, e in rows if q == p) for p in range(PARTITIONS)}
+    for p, pane in staged:
+        assert pane + 1000 > last[p] - 200, (p, pane, last[p])

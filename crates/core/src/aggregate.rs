@@ -258,7 +258,12 @@ impl AggSpec {
     /// The names an aggregate of the engine reads (its input, arg_max's y, its filter's
     /// fields), as written.
     pub fn paths(&self) -> Vec<String> {
-        let mut out: Vec<String> = self.path.iter().chain(&self.by).map(|p| p.as_str().to_string()).collect();
+        let mut out: Vec<String> = self
+            .path
+            .iter()
+            .chain(&self.by)
+            .map(|p| p.as_str().to_string())
+            .collect();
         if let Some(f) = &self.filter {
             out.extend(f.paths().iter().map(|p| p.as_str().to_string()));
         }
@@ -361,11 +366,9 @@ impl AggSpec {
                 ColumnType::Double
             }
             // (DuckDB's aggregates: NULL in the rows, the table's column has its own type.)
-            AggFunc::First
-            | AggFunc::Last
-            | AggFunc::ArgMax
-            | AggFunc::ArgMin
-            | AggFunc::Duck => ColumnType::Varchar,
+            AggFunc::First | AggFunc::Last | AggFunc::ArgMax | AggFunc::ArgMin | AggFunc::Duck => {
+                ColumnType::Varchar
+            }
         }
     }
 

@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::aggregate::Input;
+use crate::columns::OwnedTyped;
 use crate::message::Message;
 use crate::record::Reject;
 
@@ -64,30 +65,6 @@ pub(crate) enum OwnedInput {
     Hash(u64),
     Arg(f64, u32, u32),
     Present,
-}
-
-/// A typed column's value as parsed, owned by its chunk (text as a range of its arena).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum OwnedTyped {
-    Null,
-    Bool(bool),
-    Int(i64),
-    Double(f64),
-    Text(u32, u32),
-    /// Waiting for DuckDB's answer (the chunk is parsed again with it).
-    Pending,
-}
-
-impl OwnedTyped {
-    /// A value's text as a key column (see `columns::key_text`; text values are their text).
-    pub(crate) fn key_text(self) -> String {
-        match self {
-            OwnedTyped::Bool(b) => b.to_string(),
-            OwnedTyped::Int(i) => i.to_string(),
-            OwnedTyped::Double(x) => (if x == 0.0 { 0.0 } else { x }).to_string(),
-            _ => String::new(),
-        }
-    }
 }
 
 /// A value of a chunk only DuckDB can convert: message `at`, typed column `column`, its JSON.

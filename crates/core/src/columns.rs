@@ -12,26 +12,37 @@ use std::sync::Arc;
 
 use crate::decode::{parse_f64, parse_i64, Field, FieldPath, Kind};
 use crate::rows::ColumnType;
+use crate::time::rfc3339_ms;
 
 /// How a column's values travel to DuckDB, and become the column's type there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Repr {
     Bool,
     /// An integer type within BIGINT, with its bounds.
-    Int { min: i64, max: i64 },
+    Int {
+        min: i64,
+        max: i64,
+    },
     Double,
     /// VARCHAR: the string's content.
     Text,
     /// A DECIMAL: text DuckDB casts exactly.
-    Decimal { width: u8, scale: u8 },
+    Decimal {
+        width: u8,
+        scale: u8,
+    },
     /// HUGEINT, UBIGINT, UHUGEINT: an integer's text.
-    WideInt { unsigned: bool },
+    WideInt {
+        unsigned: bool,
+    },
     /// Any other scalar type (dates, times, UUID, INTERVAL, FLOAT, ...): DuckDB's own text of the
     /// converted value, cast back (`CAST(x AS T)`).
     Cast,
     /// JSON, lists, arrays, structs, maps, unions: the value's JSON text, converted by DuckDB's
     /// JSON reader in SQL (`json_transform_strict`). `any`: every JSON value converts (JSON).
-    Json { any: bool },
+    Json {
+        any: bool,
+    },
 }
 
 impl Repr {
@@ -124,6 +135,30 @@ impl TypedColumn {
     }
 }
 
+/// A typed column's value as parsed, owned by its chunk (text as a range of the chunk's arena).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum OwnedTyped {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Double(f64),
+    Text(u32, u32),
+    /// Waiting for DuckDB's answer (the chunk is parsed again with it).
+    Pending,
+}
+
+impl OwnedTyped {
+    /// A value's text as a key column (see `columns::key_text`; text values are their text).
+    pub(crate) fn key_text(self) -> String {
+        match self {
+            OwnedTyped::Bool(b) => b.to_string(),
+            OwnedTyped::Int(i) => i.to_string(),
+            OwnedTyped::Double(x) => (if x == 0.0 { 0.0 } else { x }).to_string(),
+            _ => String::new(),
+        }
+    }
+}
+
 /// A value as converted, or waiting for DuckDB's answer.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Converted<'a> {
@@ -146,11 +181,19 @@ pub(crate) fn convert<'a>(repr: Repr, f: &Field<'a>) -> Converted<'a> {
         Kind::Bytes => return Converted::Refused("is binary data"),
         _ => {}
     }
+    // An Avro or Protobuf timestamp type (epoch milliseconds) into a date or time type is that
+    // instant, as DuckDB's reader takes it from RFC 3339 text.
+    if f.timestamp && repr == Repr::Cast {
+        if let Some(ms) = parse_i64(f.bytes) {
+            return Converted::Ask(format!("\"{}\"", rfc3339_ms(ms)));
+        }
+    }
     let number = f.kind == Kind::Number && !f.bytes.is_empty();
     let plain = number && !f.bytes.iter().any(|&c| c == b'e' || c == b'E');
     match repr {
         Repr::Bool if f.kind == Kind::Bool => return Converted::Bool(f.bytes == b"true"),
-        Repr::Bool if number && f.integer => {
+        // (An integer beyond 64 bits is a number DuckDB's reader refuses to make a BOOLEAN.)
+        Repr::Bool if number && f.integer && parse_i64(f.bytes).is_some() => {
             return Converted::Bool(f.bytes.iter().any(|&c| (b'1'..=b'9').contains(&c)))
         }
         Repr::Int { min, max } if number && f.integer => {
@@ -270,11 +313,8 @@ pub(crate) fn from_answer(repr: Repr, json: &str, answer: &str) -> Option<Conver
 pub trait Resolver: Send + Sync {
     /// For each JSON text, the converted value's text (`CAST(... AS VARCHAR)`), or DuckDB's error
     /// message when it does not convert. An `Err` of the whole call fails the run.
-    fn resolve(
-        &self,
-        sql_type: &str,
-        json: &[&str],
-    ) -> Result<Vec<Result<String, String>>, String>;
+    fn resolve(&self, sql_type: &str, json: &[&str])
+        -> Result<Vec<Result<String, String>>, String>;
 }
 
 /// The resolver a job asks (the adapter's DuckDB connection); equal to any other, so that a
@@ -322,11 +362,26 @@ mod tests {
 
     #[test]
     fn types_map_to_their_representation() {
-        assert_eq!(Repr::of("BIGINT"), Repr::Int { min: i64::MIN, max: i64::MAX });
+        assert_eq!(
+            Repr::of("BIGINT"),
+            Repr::Int {
+                min: i64::MIN,
+                max: i64::MAX
+            }
+        );
         assert_eq!(Repr::of("utinyint"), Repr::Int { min: 0, max: 255 });
-        assert_eq!(Repr::of("DECIMAL(18,2)"), Repr::Decimal { width: 18, scale: 2 });
+        assert_eq!(
+            Repr::of("DECIMAL(18,2)"),
+            Repr::Decimal {
+                width: 18,
+                scale: 2
+            }
+        );
         assert_eq!(Repr::of("INTEGER[]"), Repr::Json { any: false });
-        assert_eq!(Repr::of("STRUCT(a INTEGER, b VARCHAR[])"), Repr::Json { any: false });
+        assert_eq!(
+            Repr::of("STRUCT(a INTEGER, b VARCHAR[])"),
+            Repr::Json { any: false }
+        );
         assert_eq!(Repr::of("MAP(VARCHAR, INTEGER)"), Repr::Json { any: false });
         assert_eq!(Repr::of("JSON"), Repr::Json { any: true });
         assert_eq!(Repr::of("TIMESTAMP WITH TIME ZONE"), Repr::Cast);
@@ -341,26 +396,45 @@ mod tests {
         assert_eq!(convert(int, &num("42")), Converted::Int(42));
         assert_eq!(convert(int, &num("-7")), Converted::Int(-7));
         // Out of range, fractions, strings: DuckDB decides (it rounds 1.5 to 2, reads " 42 ").
-        assert_eq!(convert(int, &num("2147483648")), Converted::Ask("2147483648".into()));
+        assert_eq!(
+            convert(int, &num("2147483648")),
+            Converted::Ask("2147483648".into())
+        );
         assert_eq!(convert(int, &num("1.5")), Converted::Ask("1.5".into()));
         assert_eq!(
             convert(int, &field(Kind::String, "4\"2", false)),
             Converted::Ask("\"4\\\"2\"".into())
         );
         assert_eq!(convert(int, &field(Kind::Null, "", false)), Converted::Null);
-        assert_eq!(convert(int, &field(Kind::Missing, "", false)), Converted::Null);
+        assert_eq!(
+            convert(int, &field(Kind::Missing, "", false)),
+            Converted::Null
+        );
 
         let dbl = Repr::Double;
         assert_eq!(convert(dbl, &num("1.25")), Converted::Double(1.25));
-        assert_eq!(convert(dbl, &num("1e400")), Converted::Double(f64::INFINITY));
-        assert!(matches!(convert(dbl, &field(Kind::String, "1.5", false)), Converted::Ask(_)));
+        assert_eq!(
+            convert(dbl, &num("1e400")),
+            Converted::Double(f64::INFINITY)
+        );
+        assert!(matches!(
+            convert(dbl, &field(Kind::String, "1.5", false)),
+            Converted::Ask(_)
+        ));
 
         let b = Repr::Bool;
-        assert_eq!(convert(b, &field(Kind::Bool, "true", false)), Converted::Bool(true));
+        assert_eq!(
+            convert(b, &field(Kind::Bool, "true", false)),
+            Converted::Bool(true)
+        );
         assert_eq!(convert(b, &num("0")), Converted::Bool(false));
         assert_eq!(convert(b, &num("-0")), Converted::Bool(false));
         assert_eq!(convert(b, &num("3")), Converted::Bool(true));
         assert!(matches!(convert(b, &num("0.5")), Converted::Ask(_)));
+        assert!(matches!(
+            convert(b, &num("18446744073709551616")),
+            Converted::Ask(_)
+        ));
 
         let txt = Repr::Text;
         assert_eq!(
@@ -403,8 +477,27 @@ mod tests {
         assert_eq!(t("12345"), None);
         assert_eq!(t("1e2"), None);
         let wide = Repr::of("DECIMAL(38,2)");
-        assert!(matches!(convert(wide, &num("1234567890123456.78")), Converted::Ask(_)));
+        assert!(matches!(
+            convert(wide, &num("1234567890123456.78")),
+            Converted::Ask(_)
+        ));
         assert_eq!(decimal_text(b"7", 3, 0).as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn a_binary_formats_timestamp_is_an_instant_for_a_time_type() {
+        let mut f = num("1700000000123");
+        f.timestamp = true;
+        assert_eq!(
+            convert(Repr::Cast, &f),
+            Converted::Ask("\"2023-11-14T22:13:20.123Z\"".into())
+        );
+        assert_eq!(
+            convert(Repr::of("BIGINT"), &f),
+            Converted::Int(1_700_000_000_123)
+        );
+        assert_eq!(rfc3339_ms(-1), "1969-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
     }
 
     #[test]

@@ -47,6 +47,10 @@ pub struct PartitionProgress {
     pub clock: PartitionClock,
 }
 
+/// Events a cycle of a job with DuckDB aggregates stages before it ends (each is a row of its
+/// batch, written to DuckDB by its commit while the next cycle is read).
+pub const MAX_STAGED_EVENTS: usize = 200_000;
+
 /// Events merged before they are handed to the shards.
 const EPOCH_EVENTS: usize = 4096;
 /// Epochs a shard may have waiting before the merge helps it catch up (bounds memory).
@@ -91,6 +95,10 @@ pub struct Engine {
     failed: Option<String>,
     /// The shape of staged events (a job whose aggregates DuckDB computes).
     staged_types: Vec<ColumnType>,
+    /// Events merged since the output was last taken, of a job that stages them (each is
+    /// staged, unless it is late: they bound a cycle's memory as side rows do).
+    staged_since_take: usize,
+    staging: bool,
 }
 
 impl Engine {
@@ -165,6 +173,8 @@ impl Engine {
             windows_waiting: false,
             failed: None,
             staged_types: cfg.staged_schema().types(),
+            staged_since_take: 0,
+            staging: cfg.stages(),
             cfg,
         };
         engine.collect();
@@ -313,6 +323,7 @@ impl Engine {
         into.staged.live_from_pane_ms = live;
         self.pending_rows = 0;
         self.windows_waiting = false;
+        self.staged_since_take = 0;
         Ok(())
     }
 
@@ -320,6 +331,12 @@ impl Engine {
     /// last time the shards were idle).
     pub fn pending_side_rows(&self) -> usize {
         self.pending_rows + self.dead.len()
+    }
+
+    /// Whether the cycle holds as much as a cycle should: `max_side_rows` late and dead rows,
+    /// or [`MAX_STAGED_EVENTS`] staged events (their memory is the cycle's largest part).
+    pub fn cycle_full(&self, max_side_rows: usize) -> bool {
+        self.pending_side_rows() >= max_side_rows || self.staged_since_take >= MAX_STAGED_EVENTS
     }
 
     /// Whether windows closed since the output was last taken (waits for the shards).
@@ -398,6 +415,9 @@ impl Engine {
         });
         self.marks.observe(idx, t);
         self.epoch.events += 1;
+        if self.staging {
+            self.staged_since_take += 1;
+        }
         if self.epoch.events >= EPOCH_EVENTS {
             self.dispatch();
         }

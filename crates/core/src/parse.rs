@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 
 use crate::aggregate::Input;
-use crate::chunk::{Ask, Chunk, OwnedInput, OwnedTyped, Rejected, PARSED};
-use crate::columns::{from_answer, Converted, ResolverHandle};
+use crate::chunk::{Ask, Chunk, OwnedInput, Rejected, PARSED};
+use crate::columns::{from_answer, Converted, OwnedTyped, ResolverHandle};
 use crate::config::{EngineConfig, MAX_AGGREGATES};
 use crate::error::{EtlError, Result};
 use crate::format::RecordDecoder;
@@ -68,9 +68,9 @@ impl ChunkParser {
                 continue;
             }
             let json: Vec<&str> = these.iter().map(|a| a.json.as_str()).collect();
-            let got = resolver
-                .resolve(&col.sql_type, &json)
-                .map_err(|e| EtlError::Internal(format!("converting values to {}: {e}", col.sql_type)))?;
+            let got = resolver.resolve(&col.sql_type, &json).map_err(|e| {
+                EtlError::Internal(format!("converting values to {}: {e}", col.sql_type))
+            })?;
             if got.len() != these.len() {
                 return Err(EtlError::Internal(format!(
                     "converting values to {}: {} answers for {} values",

@@ -285,7 +285,7 @@ fn read(
         }
         if stop.is_none()
             && remaining > 0
-            && (cycle_left == 0 || engine.pending_side_rows() >= limits.max_pending_rows)
+            && (cycle_left == 0 || engine.cycle_full(limits.max_pending_rows))
         {
             stop = Some(Stop::CycleEnd);
         }

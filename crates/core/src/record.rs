@@ -5,8 +5,7 @@
 //! roles it has. (The second part of the file is its tests.)
 
 use crate::aggregate::{AggFunc, Input};
-use crate::chunk::OwnedTyped;
-use crate::columns::{convert, Converted, Repr};
+use crate::columns::{convert, Converted, OwnedTyped, Repr};
 use crate::config::{EngineConfig, MAX_AGGREGATES};
 use crate::decode::{
     json_number, parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind,

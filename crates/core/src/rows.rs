@@ -112,7 +112,9 @@ pub struct TableSchema {
 }
 
 fn columns(list: &[(&str, ColumnType)]) -> Vec<Column> {
-    list.iter().map(|&(name, ty)| Column::new(name, ty)).collect()
+    list.iter()
+        .map(|&(name, ty)| Column::new(name, ty))
+        .collect()
 }
 
 impl TableSchema {

@@ -497,7 +497,7 @@ impl GroupRun {
                 }
                 // Its turn is over (messages or pending rows): the next task reads.
                 Stop::CycleEnd if Instant::now() < row_due => {
-                    if task.engine.pending_side_rows() >= MAX_PENDING_ROWS {
+                    if task.engine.cycle_full(MAX_PENDING_ROWS) {
                         return Ok(Some(Stop::CycleEnd));
                     }
                 }

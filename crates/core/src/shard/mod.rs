@@ -13,8 +13,9 @@ mod legacy;
 use std::sync::Arc;
 
 use crate::aggregate::Input;
-use crate::chunk::{Chunk, Lent, OwnedTyped};
+use crate::chunk::{Chunk, Lent};
 use crate::codec::{CodecError, Reader, Writer};
+use crate::columns::OwnedTyped;
 use crate::config::{Emit, EngineConfig, WindowKind};
 use crate::emit::Shape;
 use crate::format::record_json;
