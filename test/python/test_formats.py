@@ -313,3 +313,40 @@ def test_avro_timestamp_types_are_event_times_and_a_file_that_is_not_avro_is_rep
     assert got == [(1_700_000_000_000 + s * 1000, "a", 10, float(sum(range(s * 10, s * 10 + 10)))) for s in range(4)]
     dead = con.execute("SELECT error FROM dead_letters").fetchall()
     assert len(dead) == 1 and "not an Avro object container file" in dead[0][0], dead
+
+
+def test_avro_fields_convert_to_typed_columns_as_json_fields_do(tmp_path):
+    """columns := {...} over an Avro file: a record's fields (a nested record, an array, a
+    timestamp type, a string that is a number) convert as the same events' JSON fields do, and
+    DuckDB's aggregates over them are the JSON run's."""
+    schema = {"type": "record", "name": "Order", "fields": [
+        {"name": "key", "type": "string"}, {"name": "event_time_ms", "type": "long"},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "price", "type": "string"}, {"name": "qty", "type": "int"},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "dims", "type": {"type": "record", "name": "Dims", "fields": [{"name": "w", "type": "double"}]}}]}
+    import datetime
+    rows = [{"key": f"k{i % 3}", "event_time_ms": 1000 + i * 37, "at": 1_700_000_000_000 + i * 1000,
+             "price": f"{(i * 7) % 50}.{i % 100:02d}", "qty": i % 5, "tags": ["x", "y"][: i % 3],
+             "dims": {"w": i / 8}} for i in range(120)]
+    d = tmp_path / "typed"
+    d.mkdir()
+    with open(d / "p0.avro", "wb") as f:
+        fastavro.writer(f, fastavro.parse_schema(schema), rows)
+    as_json = [dict(r, at=datetime.datetime.fromtimestamp(r["at"] / 1000, datetime.timezone.utc)
+                    .strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z") for r in rows]
+    (d / "p0.ndjson").write_text("".join(json.dumps(r) + "\n" for r in as_json))
+    cols = ("{'price': 'DECIMAL(8,2)', 'qty': 'TINYINT', 'tags': 'VARCHAR[]', 'dims': 'STRUCT(w DOUBLE)', "
+            "'at': 'TIMESTAMP'}")
+    aggs = ("['count(*) AS n', 'sum(price * qty) AS total', 'list(tags ORDER BY event_time_ms) AS tags', "
+            "'max(dims.w) AS widest', 'max(\"at\") AS last_at', 'min(\"at\") AS first_at']")
+    results = []
+    for name, fmt in (("p0.avro", ", format := 'avro'"), ("p0.ndjson", "")):
+        con = connect()
+        con.execute(f"SELECT * FROM streaming_etl_run('file:{d}/{name}', 1000, 0, columns := {cols}, "
+                    f"aggregates := {aggs}, flush := true{fmt})").fetchall()
+        results.append(con.execute("SELECT window_start_ms, key, n, total, tags, widest, last_at::VARCHAR, "
+                                   "first_at::VARCHAR FROM windows ORDER BY 1, 2").fetchall())
+        assert con.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 0
+    assert results[0] == results[1]
+    assert len(results[0]) > 10 and results[0][0][6].startswith("2023-11-14 22:13:")

@@ -233,7 +233,8 @@ pub(crate) fn convert<'a>(repr: Repr, f: &Field<'a>) -> Converted<'a> {
     Converted::Ask(json_text(f))
 }
 
-/// The field as JSON text (a string is quoted and escaped again).
+/// The field as JSON text (a string is quoted and escaped again); empty for a record, map or
+/// array of a binary format, which has no text of its own (see `parse`, which renders it).
 pub(crate) fn json_text(f: &Field<'_>) -> String {
     match f.kind {
         Kind::String => {
@@ -252,6 +253,7 @@ pub(crate) fn json_text(f: &Field<'_>) -> String {
             out
         }
         Kind::Missing | Kind::Null => "null".into(),
+        Kind::Object | Kind::Array if f.bytes.is_empty() => String::new(),
         _ if f.bytes.is_empty() => f.number.map_or_else(|| "null".into(), |x| x.to_string()),
         _ => String::from_utf8_lossy(f.bytes).into_owned(),
     }

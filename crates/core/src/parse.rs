@@ -111,6 +111,7 @@ impl ChunkParser {
                                 texts: &mut c.texts,
                                 asks: &mut c.asks,
                                 reasons: &mut c.reasons,
+                                record: (payload, c.schemas[i]),
                             };
                             let typed = own_typed(&self.plan, &fields, i as u32, answers, out);
                             let rest = typed
@@ -160,12 +161,13 @@ impl ChunkParser {
     }
 }
 
-/// Where a message's typed columns go in its chunk.
+/// Where a message's typed columns go in its chunk, and the message (its bytes and schema).
 struct TypedOut<'c> {
     typed: &'c mut Vec<OwnedTyped>,
     texts: &'c mut Vec<u8>,
     asks: &'c mut Vec<Ask>,
     reasons: &'c mut Vec<String>,
+    record: (&'c [u8], Option<u32>),
 }
 
 /// Converts message `i`'s typed columns into the chunk (a value only DuckDB can convert is
@@ -186,6 +188,9 @@ fn own_typed(
             }
             Some(Err(why)) => {
                 let json = match plan.convert(fields, j)? {
+                    Converted::Ask(json) if json.is_empty() => {
+                        plan.binary_field_json(c.record.0, c.record.1, j)
+                    }
                     Converted::Ask(json) => json,
                     _ => String::new(),
                 };
@@ -204,6 +209,12 @@ fn own_typed(
                 OwnedTyped::Text(start, c.texts.len() as u32)
             }
             Converted::Ask(json) => {
+                // A record, map or array of an Avro or Protobuf message: its JSON rendering.
+                let json = if json.is_empty() {
+                    plan.binary_field_json(c.record.0, c.record.1, j)
+                } else {
+                    json
+                };
                 c.asks.push(Ask {
                     at: i,
                     column: j as u32,

@@ -218,6 +218,22 @@ impl FieldPlan {
         Ok(convert(t.repr, &v))
     }
 
+    /// Typed column `j`'s value in a binary message (Avro, Protobuf) rendered as JSON: for a
+    /// record, map or array, which the decoder reads without text.
+    pub(crate) fn binary_field_json(&self, raw: &[u8], schema: Option<u32>, j: usize) -> String {
+        let rendered = crate::format::record_json(&self.schemas, raw, schema);
+        let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&rendered) else {
+            return "null".into();
+        };
+        if let Some(p) = self.paths.get(self.typed[j].path) {
+            for seg in p.segments() {
+                let key = String::from_utf8_lossy(seg);
+                v = v.get(key.as_ref()).cloned().unwrap_or(serde_json::Value::Null);
+            }
+        }
+        v.to_string()
+    }
+
     /// The name of typed column `j`'s field.
     pub(crate) fn typed_path(&self, j: usize) -> &str {
         self.paths
