@@ -38,13 +38,7 @@ def speed(events):
             ("emit := 'update', 1 s cycles", {"emit": "'update'", "checkpoint_interval_ms": "1000"}),
             ("emit := 'update', 100 ms cycles", {"emit": "'update'", "checkpoint_interval_ms": "100"}),
             ("approx_quantile + two filtered counts", {"aggregates": QUANTILE_AGGS})]
-    best = {}
-    for _ in range(2):
-        for name, named in jobs:
-            db = benchlib.fresh_db("emit")
-            run, _ = benchlib.spawn_measured(["--child-run", db, topic, json.dumps({**named, "flush": "true"}), "60000", "200"])
-            if name not in best or run["wall_s"] < best[name]["wall_s"]:
-                best[name] = run
+    best = benchlib.best_runs("emit", topic, jobs, 60000, 200)
     base = best[jobs[0][0]]["stats"]["events_consumed"] / best[jobs[0][0]]["wall_s"]
     out = []
     for name, _ in jobs:

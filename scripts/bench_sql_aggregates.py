@@ -65,13 +65,7 @@ def speed(events):
     topic = f"file:{benchlib.orders_data(events)}/*.ndjson"
     jobs = [("built-in: count, sum, min, max (the engine's)", {}),
             ("DuckDB: median(value), count(DISTINCT customer)", {"columns": COLUMNS, "aggregates": DUCK_AGGS})]
-    best = {}
-    for _ in range(2):
-        for name, named in jobs:
-            db = benchlib.fresh_db("sqlaggs")
-            run, _ = benchlib.spawn_measured(["--child-run", db, topic, json.dumps({**named, "flush": "true"}), "1000", "200"])
-            if name not in best or run["wall_s"] < best[name]["wall_s"]:
-                best[name] = run
+    best = benchlib.best_runs("sqlaggs", topic, jobs, 1000, 200)
     base = best[jobs[0][0]]["stats"]["events_consumed"] / best[jobs[0][0]]["wall_s"]
     out = []
     for name, _ in jobs:

@@ -118,6 +118,20 @@ def spawn_measured(args, env=None):
     return out, out["peak_rss_mb"]
 
 
+def best_runs(name, topic, jobs, window=WINDOW, lateness=LATENESS, rounds=2):
+    """Each job (name, named arguments) run `rounds` times in fresh processes, alternating, over
+    `topic` with `flush`; the fastest run of each, by name."""
+    best = {}
+    for _ in range(rounds):
+        for job, named in jobs:
+            db = fresh_db(name)
+            run, _ = spawn_measured(["--child-run", db, topic, json.dumps({**named, "flush": "true"}), str(window),
+                                     str(lateness)])
+            if job not in best or run["wall_s"] < best[job]["wall_s"]:
+                best[job] = run
+    return best
+
+
 def generate(name, events, partitions=4, skew_ms=0, skew_partition=-1, late_pct=5, keys=50, window_ms=WINDOW):
     import duckdb
     from datagen import generate_sql

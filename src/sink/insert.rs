@@ -6,10 +6,10 @@
 use std::sync::Arc;
 
 use duckdb::Connection;
-use streaming_etl_core::{ColumnType, EtlError, Result, Role, Rows, TableSchema};
+use streaming_etl_core::{EtlError, Result, Role, Rows, TableSchema};
 
 use super::staged::Staging;
-use super::tables::{column_list, sink_error};
+use super::tables::{column_list, revision_columns, sink_error};
 use crate::functions::batch::{self, Lent};
 use crate::params::quote_ident;
 
@@ -229,7 +229,8 @@ fn write_rows(
     let query = cast_columns(schema, query);
     let keyed = verb != Verb::Insert && !schema.primary_key.is_empty();
     let select = select_list(schema);
-    let sql = match revision_columns(schema).filter(|_| keyed) {
+    let revisions = revision_columns(schema).map(|(_, revision, retracted)| (revision, retracted));
+    let sql = match revisions.filter(|_| keyed) {
         // Windows with revisions into a keyed table: the latest row per key wins, and a
         // retracted one deletes the key's row.
         Some((revision, retracted)) => {
@@ -271,21 +272,6 @@ fn write_rows(
         },
     };
     conn.execute_batch(&sql).map_err(|e| sink_error(table, e))
-}
-
-/// The positions of `revision` and `retracted` in a windows table whose rows
-/// have revisions (`emit := 'update'`, `late_updates_ms`): the three BOOLEAN/BIGINT/BOOLEAN
-/// columns after the aggregates (no aggregate is BOOLEAN, so they cannot be mistaken).
-pub(crate) fn revision_columns(schema: &TableSchema) -> Option<(usize, usize)> {
-    let cols = &schema.columns;
-    let at = cols.iter().position(|c| c.name == "final")?;
-    let names = cols.get(at..at + 3)?;
-    let fits = names.iter().map(|c| (c.name.as_str(), c.ty)).eq([
-        ("final", ColumnType::Boolean),
-        ("revision", ColumnType::BigInt),
-        ("retracted", ColumnType::Boolean),
-    ]);
-    fits.then_some((at + 1, at + 2))
 }
 
 fn key_positions(schema: &TableSchema) -> Vec<usize> {

@@ -17,8 +17,9 @@
 //! Which staged events stay: tumbling and hopping, those of panes from the first live one on
 //! (the engine says which); sessions, those of sessions not closed by the cycle's rows.
 
-use streaming_etl_core::{ColumnType, EngineConfig, Repr, Role, TableSchema, WindowKind};
+use streaming_etl_core::{EngineConfig, Repr, Role, TableSchema, WindowKind};
 
+use super::tables::revision_columns;
 use crate::params::{quote_ident, TableName};
 
 /// Columns of the staged events only the extension uses.
@@ -88,7 +89,7 @@ impl Staging {
             window_ms: cfg.time.window_ms,
             keys: cfg.keys.iter().map(|k| k.name.clone()).collect(),
             aggregates,
-            retracted: revisions(windows).map(|(_, r)| r),
+            retracted: revision_columns(windows).map(|(_, _, r)| r),
             correction: position(streaming_etl_core::CORRECTION_COLUMN),
             partitioned,
         })
@@ -270,8 +271,8 @@ impl Staging {
             Some(r) => format!("SELECT * FROM __se_rows WHERE NOT c{r}"),
             None => "SELECT * FROM __se_rows".into(),
         };
-        let closed = match revisions(&self.windows) {
-            Some((fin, ret)) => format!("(SELECT * FROM __se_rows WHERE c{fin} AND NOT c{ret})"),
+        let closed = match revision_columns(&self.windows) {
+            Some((fin, _, ret)) => format!("(SELECT * FROM __se_rows WHERE c{fin} AND NOT c{ret})"),
             None => "__se_rows".into(),
         };
         let cols = self
@@ -403,8 +404,8 @@ impl Staging {
     /// The rows closing windows (sessions: their events go with them), with their keys as
     /// `k0, ...` (and `kp`), as a relation.
     fn closed_rows(&self, rows: &str) -> String {
-        let filter = match revisions(&self.windows) {
-            Some((fin, ret)) => format!(" WHERE c{fin} AND NOT c{ret}"),
+        let filter = match revision_columns(&self.windows) {
+            Some((fin, _, ret)) => format!(" WHERE c{fin} AND NOT c{ret}"),
             None => String::new(),
         };
         format!("(SELECT * FROM ({}){filter})", self.keyed_rows(rows, false))
@@ -418,17 +419,4 @@ impl Staging {
             None => format!("DELETE FROM {}", self.table),
         }
     }
-}
-
-/// The positions of `final` and `retracted` in a windows table whose rows have revisions.
-fn revisions(schema: &TableSchema) -> Option<(usize, usize)> {
-    let cols = &schema.columns;
-    let at = cols.iter().position(|c| c.name == "final")?;
-    let names = cols.get(at..at + 3)?;
-    let fits = names.iter().map(|c| (c.name.as_str(), c.ty)).eq([
-        ("final", ColumnType::Boolean),
-        ("revision", ColumnType::BigInt),
-        ("retracted", ColumnType::Boolean),
-    ]);
-    fits.then_some((at, at + 2))
 }

@@ -2,7 +2,7 @@
 //! columns the job writes, and the errors that name the table a write failed on.
 
 use duckdb::Connection;
-use streaming_etl_core::{EtlError, Result, TableSchema};
+use streaming_etl_core::{ColumnType, EtlError, Result, TableSchema};
 
 use super::staged::Staging;
 use crate::params::quote_ident;
@@ -25,6 +25,21 @@ pub fn ddl_columns(schema: &TableSchema) -> String {
         cols.push(format!("PRIMARY KEY ({})", key.join(", ")));
     }
     cols.join(", ")
+}
+
+/// The positions of `final`, `revision` and `retracted` in a windows table whose rows have
+/// revisions (`emit := 'update'`, `late_updates_ms`): the three BOOLEAN/BIGINT/BOOLEAN columns
+/// after the aggregates.
+pub(crate) fn revision_columns(schema: &TableSchema) -> Option<(usize, usize, usize)> {
+    let cols = &schema.columns;
+    let at = cols.iter().position(|c| c.name == "final")?;
+    let names = cols.get(at..at + 3)?;
+    let fits = names.iter().map(|c| (c.name.as_str(), c.ty)).eq([
+        ("final", ColumnType::Boolean),
+        ("revision", ColumnType::BigInt),
+        ("retracted", ColumnType::Boolean),
+    ]);
+    fits.then_some((at, at + 1, at + 2))
 }
 
 pub(crate) fn column_list(schema: &TableSchema) -> String {

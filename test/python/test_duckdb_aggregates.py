@@ -13,6 +13,7 @@ from decimal import Decimal
 import pytest
 
 from conftest import connect, kill_once
+from test_emit import named_sql, quote
 
 W, LATENESS, HOP, GAP = 1000, 150, 250, 400
 
@@ -50,20 +51,6 @@ AGGREGATES = [
     "first(sku ORDER BY event_time_ms DESC, sku DESC) AS last_sku",
     "{'lo': min(qty), 'hi': max(qty)} AS qty_range",
 ]
-
-
-def quote(v):
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{quote(k)}: {quote(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, list):
-        return "[" + ", ".join(quote(x) for x in v) + "]"
-    if isinstance(v, str):
-        return "'" + v.replace("'", "''") + "'"
-    return str(v).lower() if isinstance(v, bool) else str(v)
-
-
-def named_sql(args):
-    return "".join(f", {k} := {quote(v)}" for k, v in args.items())
 
 
 def events(rng, n, start=0, disorder=True):

@@ -17,6 +17,8 @@ AGGS = ["count(*) AS orders", "sum(amount) AS revenue", "approx_quantile(amount,
 
 
 def quote(v):
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{quote(k)}: {quote(x)}" for k, x in v.items()) + "}"
     if isinstance(v, list):
         return "[" + ", ".join(quote(x) for x in v) + "]"
     if isinstance(v, str):

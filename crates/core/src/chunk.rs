@@ -145,17 +145,7 @@ impl Chunk {
         self.msg_keys.clear();
         self.msg_key_spans.clear();
         self.block = None;
-        self.time.clear();
-        self.status.clear();
-        self.rejects.clear();
-        self.keys.clear();
-        self.key_ends.clear();
-        self.hashes.clear();
-        self.inputs.clear();
-        self.texts.clear();
-        self.typed.clear();
-        self.asks.clear();
-        self.reasons.clear();
+        self.unparse();
     }
 
     /// Forgets what parsing wrote (the messages stay), to parse them again.

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::decode::{parse_f64, parse_i64, Field, FieldPath, Kind};
+use crate::decode::{json_string, parse_f64, parse_i64, Field, FieldPath, Kind};
 use crate::rows::ColumnType;
 use crate::time::rfc3339_ms;
 
@@ -240,16 +240,7 @@ pub(crate) fn json_text(f: &Field<'_>) -> String {
         Kind::String => {
             let s = std::str::from_utf8(f.bytes).unwrap_or_default();
             let mut out = String::with_capacity(s.len() + 2);
-            out.push('"');
-            for c in s.chars() {
-                match c {
-                    '"' => out.push_str("\\\""),
-                    '\\' => out.push_str("\\\\"),
-                    c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-                    c => out.push(c),
-                }
-            }
-            out.push('"');
+            json_string(s, &mut out);
             out
         }
         Kind::Missing | Kind::Null => "null".into(),

@@ -763,6 +763,20 @@ fn special_bytes(w: u64) -> u64 {
     quote | backslash | control | (w & HIGH)
 }
 
+/// Appends `s` as a JSON string literal (quoted, with `"`, `\\` and control characters escaped).
+pub(crate) fn json_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
 /// Parses a JSON integer literal; `None` when it does not fit in an i64.
 #[inline]
 pub(crate) fn parse_i64(text: &[u8]) -> Option<i64> {

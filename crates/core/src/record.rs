@@ -8,7 +8,7 @@ use crate::aggregate::{AggFunc, Input};
 use crate::columns::{convert, Converted, OwnedTyped, Repr};
 use crate::config::{EngineConfig, MAX_AGGREGATES};
 use crate::decode::{
-    json_number, parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind,
+    json_number, json_string, parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind,
 };
 use crate::filter::Filter;
 use crate::format::{Format, RecordDecoder, Schemas};
@@ -228,7 +228,10 @@ impl FieldPlan {
         if let Some(p) = self.paths.get(self.typed[j].path) {
             for seg in p.segments() {
                 let key = String::from_utf8_lossy(seg);
-                v = v.get(key.as_ref()).cloned().unwrap_or(serde_json::Value::Null);
+                v = v
+                    .get(key.as_ref())
+                    .cloned()
+                    .unwrap_or(serde_json::Value::Null);
             }
         }
         v.to_string()
@@ -616,19 +619,6 @@ pub(crate) fn late_key(key: &[u8], n: usize, out: &mut String) -> bool {
             true
         }
     }
-}
-
-fn json_string(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 #[cfg(test)]
