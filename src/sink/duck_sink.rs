@@ -30,8 +30,8 @@ use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
 use super::catalog::OutputCatalog;
 use super::insert::{insert, insert_staged, Part, StagedPart, Verb};
 use super::lake::{compact, with_retry};
-use super::staged::Staging;
-use super::tables::{ensure_staged_table, ensure_table, revision_columns, sink_error};
+use super::staged::{ensure_staged_table, Staging};
+use super::tables::{ensure_table, revision_columns, sink_error};
 use crate::host::connections::SharedConn;
 use crate::params::{Compaction, TableName, WriteMode};
 

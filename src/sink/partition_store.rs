@@ -27,8 +27,8 @@ use streaming_etl_runtime::group::{
 use super::catalog::OutputCatalog;
 use super::insert::{insert_parts, insert_staged, Part, StagedPart, Verb};
 use super::lake::{compact, with_retry, with_retry_for};
-use super::staged::Staging;
-use super::tables::{ensure_staged_table, ensure_table, sink_error};
+use super::staged::{ensure_staged_table, Staging};
+use super::tables::{ensure_table, sink_error};
 use crate::host::connections::SharedConn;
 use crate::params::{Compaction, TableName, WriteMode};
 

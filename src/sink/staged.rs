@@ -19,7 +19,10 @@
 
 use streaming_etl_core::{EngineConfig, Repr, Role, TableSchema, WindowKind};
 
-use super::tables::revision_columns;
+use duckdb::Connection;
+use streaming_etl_core::Result;
+
+use super::tables::{revision_columns, sink_error};
 use crate::params::{quote_ident, TableName};
 
 /// Columns of the staged events only the extension uses.
@@ -419,4 +422,45 @@ impl Staging {
             None => format!("DELETE FROM {}", self.table),
         }
     }
+}
+
+/// Makes sure the table of a job's staged events exists with the columns the job stages, in
+/// their order. One that holds another shape is replaced while empty (an earlier job of this
+/// windows table left it), else the run fails naming it.
+pub(crate) fn ensure_staged_table(conn: &Connection, staging: &Staging) -> Result<()> {
+    let table = &staging.table;
+    conn.execute_batch(&staging.ddl())
+        .map_err(|e| sink_error(table, e))?;
+    let mut stmt = conn
+        .prepare(&format!("SELECT column_name FROM (DESCRIBE {table})"))
+        .map_err(|e| sink_error(table, e))?;
+    let have: Vec<String> = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .map_err(|e| sink_error(table, e))?
+        .collect::<duckdb::Result<_>>()
+        .map_err(|e| sink_error(table, e))?;
+    let want = staging.column_names();
+    let same = have.len() == want.len()
+        && have
+            .iter()
+            .zip(&want)
+            .all(|(h, w)| h.eq_ignore_ascii_case(w));
+    if same {
+        return Ok(());
+    }
+    let rows: i64 = conn
+        .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+        .map_err(|e| sink_error(table, e))?;
+    if rows > 0 {
+        return Err(sink_error(
+            table,
+            format!(
+                "it holds {rows} staged events of another job's open windows (columns {}), not this job's ({}); drop it, or name another windows_table",
+                have.join(", "),
+                want.join(", ")
+            ),
+        ));
+    }
+    conn.execute_batch(&format!("DROP TABLE {table}; {}", staging.ddl()))
+        .map_err(|e| sink_error(table, e))
 }

@@ -4,7 +4,6 @@
 use duckdb::Connection;
 use streaming_etl_core::{ColumnType, EtlError, Result, TableSchema};
 
-use super::staged::Staging;
 use crate::params::quote_ident;
 
 pub(crate) fn sink_error(table: &str, message: impl std::fmt::Display) -> EtlError {
@@ -92,45 +91,4 @@ pub(crate) fn ensure_table(
         ));
     }
     Ok(have.iter().any(|(_, k)| k.as_deref() == Some("PRI")))
-}
-
-/// Makes sure the table of a job's staged events exists with the columns the job stages, in
-/// their order. One that holds another shape is replaced while empty (an earlier job of this
-/// windows table left it), else the run fails naming it.
-pub(crate) fn ensure_staged_table(conn: &Connection, staging: &Staging) -> Result<()> {
-    let table = &staging.table;
-    conn.execute_batch(&staging.ddl())
-        .map_err(|e| sink_error(table, e))?;
-    let mut stmt = conn
-        .prepare(&format!("SELECT column_name FROM (DESCRIBE {table})"))
-        .map_err(|e| sink_error(table, e))?;
-    let have: Vec<String> = stmt
-        .query_map([], |r| r.get::<_, String>(0))
-        .map_err(|e| sink_error(table, e))?
-        .collect::<duckdb::Result<_>>()
-        .map_err(|e| sink_error(table, e))?;
-    let want = staging.column_names();
-    let same = have.len() == want.len()
-        && have
-            .iter()
-            .zip(&want)
-            .all(|(h, w)| h.eq_ignore_ascii_case(w));
-    if same {
-        return Ok(());
-    }
-    let rows: i64 = conn
-        .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
-        .map_err(|e| sink_error(table, e))?;
-    if rows > 0 {
-        return Err(sink_error(
-            table,
-            format!(
-                "it holds {rows} staged events of another job's open windows (columns {}), not this job's ({}); drop it, or name another windows_table",
-                have.join(", "),
-                want.join(", ")
-            ),
-        ));
-    }
-    conn.execute_batch(&format!("DROP TABLE {table}; {}", staging.ddl()))
-        .map_err(|e| sink_error(table, e))
 }
