@@ -107,11 +107,20 @@ def load_placed(con, placed):
 
 
 def reference(con, placed):
+    """DuckDB's GROUP BY over the placed events; a window whose statuses tie for the mode has
+    the tied ones as a set (mode() breaks a tie by the order it reads, which DuckDB leaves open)."""
     load_placed(con, placed)
-    return con.execute(f"SELECT ws, we, region, {', '.join(AGGREGATES)} FROM placed GROUP BY ALL ORDER BY 1, 3").fetchall()
+    rows = con.execute(f"SELECT ws, we, region, {', '.join(AGGREGATES)} FROM placed GROUP BY ALL ORDER BY 1, 3").fetchall()
+    tied = dict(((ws, region), set(modes)) for ws, region, modes in con.execute(
+        "SELECT ws, region, list(status) FROM (SELECT ws, region, status, count(*) AS c, max(count(*)) OVER "
+        "(PARTITION BY ws, region) AS m FROM placed GROUP BY ALL) WHERE c = m GROUP BY ALL").fetchall())
+    at = 3 + [a.rsplit(" AS ", 1)[1] for a in AGGREGATES].index("top_status")
+    return [r[:at] + (tied[(r[0], r[2])],) + r[at + 1:] for r in rows]
 
 
 def same_value(a, b):
+    if isinstance(b, set):
+        return a in b
     if isinstance(a, float) or isinstance(b, float):
         if a is None or b is None:
             return a is b
