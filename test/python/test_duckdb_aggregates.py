@@ -113,7 +113,7 @@ def reference(con, placed):
     rows = con.execute(f"SELECT ws, we, region, {', '.join(AGGREGATES)} FROM placed GROUP BY ALL ORDER BY 1, 3").fetchall()
     tied = dict(((ws, region), set(modes)) for ws, region, modes in con.execute(
         "SELECT ws, region, list(status) FROM (SELECT ws, region, status, count(*) AS c, max(count(*)) OVER "
-        "(PARTITION BY ws, region) AS m FROM placed GROUP BY ALL) WHERE c = m GROUP BY ALL").fetchall())
+        "(PARTITION BY ws, region) AS m FROM placed GROUP BY ws, region, status) WHERE c = m GROUP BY ws, region").fetchall())
     at = 3 + [a.rsplit(" AS ", 1)[1] for a in AGGREGATES].index("top_status")
     return [r[:at] + (tied[(r[0], r[2])],) + r[at + 1:] for r in rows]
 
