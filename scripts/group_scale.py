@@ -8,13 +8,18 @@ PostgreSQL catalog from test/python/lake.py, a broker from test/python/brokers.p
 - cpu: one member, then three, read the same 300,000 messages (12 partitions), `append`, DuckDB
   `threads = 1`: events per CPU-second of the members' processes (utime + stime from /proc), and
   the ratio.
+- threads: one member on 12 partitions of 1.2M messages (what the mock cluster keeps of them),
+  run in the DuckDB 1.4.4 CLI with `threads = 1`, then `2` (alternating, the best of two each):
+  events per second from the first cycle that read to the last (the group's join is not in it),
+  and the ratio (test_group.py checks that the rows do not depend on `threads`; here the mock
+  cluster's retention may drop old messages between the runs).
 - changes: three members while a producer writes; N membership changes at random (kill -9, a
   SIGSTOP past the session timeout then SIGCONT, a new member), each waited out; then the rows
   are compared with one straight single-process run: lost and doubled rows, and the pause from
   each kill to the next commit of the killed member's partitions by another member.
 
-usage: group_scale.py [--quick] [--only commits|cpu|changes] [--broker mock|tansu] [--changes N]
-                      [--cpu-events N]
+usage: group_scale.py [--quick] [--only commits|cpu|threads|changes] [--broker mock|tansu]
+                      [--changes N] [--cpu-events N]
 Prints one JSON line per measurement and a markdown summary at the end.
 """
 import json
@@ -134,6 +139,61 @@ def cpu(pg, broker, total=300_000):
     return result
 
 
+def cli_binary():
+    """DuckDB 1.4.4's CLI (PyPI duckdb-cli, in the venv of the DuckDB 1.4 host)."""
+    import duckdb_cli
+    path = os.path.join(os.path.dirname(sys.executable), "duckdb")
+    if not os.path.exists(path):
+        path = os.path.join(os.path.dirname(duckdb_cli.__file__), "duckdb")
+    os.chmod(path, 0o755)  # pip installs it without its execute bit
+    return path
+
+
+def cli_member(d, catalog, data, topic, bootstrap, threads, job, messages_in):
+    """One member, a `follow` run in the DuckDB CLI that stops once it has read `messages_in`
+    messages; its result rows (one per cycle)."""
+    import subprocess
+    args = ", ".join(a.replace("=", " := ", 1) for a in job_args(bootstrap, job, "", "follow=true",
+                                                                    "checkpoint_interval_ms=100",
+                                                                    f"max_messages={messages_in}",
+                                                                    "max_runtime_ms=600000"))
+    sql = (f"SET extension_directory = '{lake.EXTENSION_DIRECTORY}'; {lake.setup_sql(catalog, data)} "
+           f"LOAD '{group.EXT}'; SET threads = {threads}; "
+           f"SELECT events_consumed, elapsed_ms FROM streaming_etl_run('{topic}', 1000, 200, {args});")
+    p = subprocess.run([cli_binary(), "-unsigned", "-json", str(d / f"{job}.duckdb"), "-c", sql],
+                       capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr[-2000:])
+    return json.loads(p.stdout)
+
+
+def threads(pg, broker, total=1_200_000):
+    topic = "t" + uuid.uuid4().hex[:8]
+    broker.create_topic(topic, group.PARTITIONS)
+    for start in range(0, total, 50_000):
+        send(broker.bootstrap, topic, messages(start, 50_000))
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "probe"})
+    kept = sum(h - lo for lo, h in (c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                                    for p in range(group.PARTITIONS)))
+    c.close()
+    best = {}
+    for rnd in range(2):
+        for n in (1, 2):
+            d, catalog, data, con = fresh(pg, f"threads{n}-{rnd}")
+            out = cli_member(d, catalog, data, topic, broker.bootstrap, n, f"t{n}", kept)
+            reading = [r for r in out if r["events_consumed"] > 0]
+            first, last = reading[0], reading[-1]
+            secs = (last["elapsed_ms"] - first["elapsed_ms"]) / 1000
+            rate = (last["events_consumed"] - first["events_consumed"]) / secs if secs > 0 else 0
+            con.close()
+            if rate > best.get(n, {}).get("events_per_s", 0):
+                best[n] = {"events_per_s": round(rate), "events": last["events_consumed"], "cycles": len(out)}
+    result = {"messages_kept": kept, "threads": best, "speedup_2_to_1": round(best[2]["events_per_s"] / best[1]["events_per_s"], 2)}
+    print(json.dumps({"threads": result}), flush=True)
+    return result
+
+
 def changes(pg, broker, count, seed=7):
     rnd = random.Random(seed)
     d, catalog, data, con = fresh(pg, f"changes-{broker.name}")
@@ -235,6 +295,8 @@ def main():
         if only in (None, "cpu"):
             events = int(args[args.index("--cpu-events") + 1]) if "--cpu-events" in args else 300_000
             results["cpu"] = cpu(pg, broker, 60_000 if quick else events)
+        if only in (None, "threads"):
+            results["threads"] = threads(pg, broker, 300_000 if quick else 1_200_000)
         if only in (None, "changes"):
             results["changes"] = changes(pg, broker, count)
     finally:

@@ -17,17 +17,15 @@
 //! Which staged events stay: tumbling and hopping, those of panes from the first live one on
 //! (the engine says which); sessions, those of sessions not closed by the cycle's rows.
 
-use streaming_etl_core::{EngineConfig, Repr, Role, TableSchema, WindowKind};
-
 use duckdb::Connection;
-use streaming_etl_core::Result;
+use streaming_etl_core::{EngineConfig, Repr, Result, Role, TableSchema, WindowKind};
 
 use super::tables::{revision_columns, sink_error};
 use crate::params::{quote_ident, TableName};
 
-/// Columns of the staged events only the extension uses.
-pub const PANE: &str = "__se_pane";
-pub const STAMP: &str = "__se_stamp";
+/// Columns of the staged events (and of the cycle's rows) only the extension uses.
+const PANE: &str = "__se_pane";
+const STAMP: &str = "__se_stamp";
 const ROW: &str = "__se_w";
 
 /// How a job's DuckDB aggregates are computed (None for a job without any).

@@ -254,3 +254,23 @@ def test_duckdb_aggregates_of_partition_tasks_equal_duckdbs_own_over_each_window
     last = {p: max(e["event_time_ms"] for q, _, e in rows if q == p) for p in range(PARTITIONS)}
     for p, pane in staged:
         assert pane + 1000 > last[p] - 200, (p, pane, last[p])
+
+
+def test_partition_tasks_on_one_or_several_threads_write_the_same_rows(tmp_path, postgres, mock):
+    """A member's partition tasks take their turns on DuckDB's `threads` at once; each task has
+    its own engine, so the rows are those of one thread: bounded runs in pieces (max_messages
+    shared out among the tasks) under threads = 3, 1 and 2 end with the rows of a straight run
+    under threads = 1."""
+    topic = "h" + uuid.uuid4().hex[:8]
+    mock.create_topic(topic, PARTITIONS)
+    catalog, data, con = new_lake(tmp_path, postgres)
+    send(mock.bootstrap, topic, messages(0, 6000, seed=11))
+    results = {}
+    for name, pieces in (("one", [(1, None)]), ("many", [(3, 1000), (1, 700), (2, None)])):
+        for i, (threads, most) in enumerate(pieces):
+            env = dict(lake_env(catalog, data), STREAMING_ETL_THREADS=str(threads))
+            extra = [f"max_messages={most}"] if most else []
+            [last] = bounded_runs(tmp_path, [f"{name}{i}"], env, topic, job_args(mock.bootstrap, name, f"{name}_", *extra))
+            assert last["status"] == ("max_messages" if most else "caught_up"), last
+        results[name] = tables(con, f"{name}_")
+    assert_same(results["many"], results["one"])

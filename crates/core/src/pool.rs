@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use crate::error::{EtlError, Result};
 
-type Job = Box<dyn FnOnce() + Send + 'static>;
+/// Work handed to the pool.
+pub type Job = Box<dyn FnOnce() + Send + 'static>;
 
 /// How long a waiting thread sleeps before it looks again (every completion wakes it anyway).
 const RECHECK: Duration = Duration::from_millis(20);
@@ -92,7 +93,7 @@ impl Pool {
     }
 
     /// Hands a short job over (with no helpers, runs it now).
-    pub(crate) fn submit(&self, job: Job) {
+    pub fn submit(&self, job: Job) {
         self.hand_over(job, false);
     }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use streaming_etl_core::{
     read_cycle, Batch, CycleLimits, Engine, EtlError, JobSettings, OutputSchemas, PartitionClock,
-    PartitionProgress, ReadState, Restored, Result, Source, Stop, NO_WATERMARK,
+    PartitionProgress, Pool, ReadState, Restored, Result, Source, Stop, NO_WATERMARK,
 };
 
 use crate::clock::Clock;
@@ -150,6 +150,8 @@ struct Task {
 
 pub struct GroupRun {
     cfg: Arc<JobConfig>,
+    /// The run's threads (DuckDB's `threads`): partition tasks take their turns on them at once.
+    pool: Arc<Pool>,
     store: Arc<Mutex<Box<dyn PartitionStore>>>,
     group: Box<dyn GroupSource>,
     tasks: BTreeMap<i32, Task>,
@@ -229,6 +231,7 @@ impl GroupRun {
         });
         let group = open_group(claimer)?;
         Ok(GroupRun {
+            pool: Arc::new(Pool::new(cfg.threads)),
             run_deadline: cfg
                 .max_runtime_ms
                 .map(|ms| started + Duration::from_millis(ms as u64)),
@@ -452,28 +455,45 @@ impl GroupRun {
         }
     }
 
-    /// Gives each task not caught up a turn; a stop when the cycle or the run is over.
+    /// Gives each task not caught up a turn, on the run's threads at once (each task has its own
+    /// engine: what it reads does not depend on where or with which other task it runs); a stop
+    /// when the cycle or the run is over. The tasks' results are taken in partition order, so
+    /// the stop a run reports does not depend on the thread count either.
     fn read_tasks(&mut self, row_due: Instant) -> Result<Option<Stop>> {
-        let clock = Arc::clone(&self.clock);
-        let wall = move || clock.wall_ms();
-        let ids: Vec<i32> = self.tasks.keys().copied().collect();
-        for p in ids {
-            let consumed = self.consumed();
-            let remaining = self
-                .cfg
-                .max_messages
-                .map_or(u64::MAX, |m| m.saturating_sub(consumed));
-            if remaining == 0 {
-                return Ok(Some(Stop::MaxMessages));
-            }
-            let Some(task) = self.tasks.get_mut(&p) else {
-                continue;
-            };
-            if task.caught_up {
-                continue;
-            }
+        let remaining = self
+            .cfg
+            .max_messages
+            .map_or(u64::MAX, |m| m.saturating_sub(self.consumed()));
+        if remaining == 0 {
+            return Ok(Some(Stop::MaxMessages));
+        }
+        let active: Vec<i32> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| !t.caught_up)
+            .map(|(&p, _)| p)
+            .collect();
+        if active.is_empty() {
+            return Ok(None);
+        }
+        // max_messages shared out: no turn may take a message past it, whichever runs first.
+        let share = |i: usize| {
+            let n = active.len() as u64;
+            (remaining / n + u64::from((i as u64) < remaining % n)).min(remaining)
+        };
+        let turns: Vec<(i32, Arc<Mutex<Turn>>)> = active
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &p)| {
+                let task = self.tasks.remove(&p)?;
+                Some((p, Arc::new(Mutex::new(Turn::new(task, share(i))))))
+            })
+            .collect();
+        for (_, turn) in &turns {
+            let turn = Arc::clone(turn);
+            let clock = Arc::clone(&self.clock);
             let limits = CycleLimits {
-                remaining_messages: remaining,
+                remaining_messages: 0,
                 max_cycle_messages: TURN_MESSAGES,
                 cycle_deadline: row_due,
                 run_deadline: self.run_deadline,
@@ -483,30 +503,49 @@ impl GroupRun {
                 rolling: false,
                 quiet_flush_ms: self.cfg.quiet_flush_ms,
             };
-            let stop = read_cycle(
-                &mut task.engine,
-                task.source.as_mut(),
-                &mut task.read,
-                &limits,
-                &wall,
-            )?;
-            match stop {
-                Stop::CaughtUp => {
+            self.pool
+                .submit(Box::new(move || lock(&turn).take(limits, &*clock)));
+        }
+        // A turn is over once its job is gone (it holds the turn until it returns).
+        let waited = self
+            .pool
+            .help_until(|| turns.iter().all(|(_, t)| Arc::strong_count(t) == 1));
+        let mut outcome: Result<Option<Stop>> = waited.map(|()| None);
+        for (p, turn) in turns {
+            let Turn { task, stop, .. } = match Arc::try_unwrap(turn) {
+                Ok(m) => m.into_inner().unwrap_or_else(PoisonError::into_inner),
+                Err(_) => {
+                    outcome = Err(EtlError::Internal(format!(
+                        "the turn of partition {p} was still running"
+                    )));
+                    continue;
+                }
+            };
+            let mut task = task;
+            let stop = stop
+                .unwrap_or_else(|| Err(EtlError::Internal("a turn ended without a result".into())));
+            match (stop, &outcome) {
+                (Err(e), Ok(_)) => outcome = Err(e),
+                (Ok(Stop::CaughtUp), _) => {
                     task.caught_up = true;
                     task.read.look_again();
                 }
-                // Its turn is over (messages or pending rows): the next task reads.
-                Stop::CycleEnd if Instant::now() < row_due => {
+                // Its turn is over (messages or pending rows): the next turn goes on.
+                (Ok(Stop::CycleEnd), Ok(None)) if Instant::now() < row_due => {
                     if task.engine.cycle_full(MAX_PENDING_ROWS) {
-                        return Ok(Some(Stop::CycleEnd));
+                        outcome = Ok(Some(Stop::CycleEnd));
                     }
                 }
-                other => return Ok(Some(other)),
+                (Ok(other), Ok(None)) => outcome = Ok(Some(other)),
+                _ => {}
             }
+            self.tasks.insert(p, task);
+        }
+        if let Ok(None) = outcome {
             // A rebalance is served between turns, so a revoked partition stops being read.
             self.serve_group(Duration::ZERO)?;
         }
-        Ok(None)
+        outcome
     }
 
     /// Commits the tasks that changed; a task whose partition moved to a newer owner is
@@ -623,6 +662,41 @@ impl GroupRun {
             self.stop,
         )
     }
+}
+
+/// One task's turn, run on any of the run's threads.
+struct Turn {
+    task: Task,
+    /// The messages it may take (its share of what `max_messages` leaves).
+    budget: u64,
+    stop: Option<Result<Stop>>,
+}
+
+impl Turn {
+    fn new(task: Task, budget: u64) -> Turn {
+        Turn {
+            task,
+            budget,
+            stop: None,
+        }
+    }
+
+    fn take(&mut self, mut limits: CycleLimits, clock: &dyn Clock) {
+        limits.remaining_messages = self.budget;
+        let wall = || clock.wall_ms();
+        let t = &mut self.task;
+        self.stop = Some(read_cycle(
+            &mut t.engine,
+            t.source.as_mut(),
+            &mut t.read,
+            &limits,
+            &wall,
+        ));
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The settings as stored in a state row: one `name=value` per line, fixed entries first.

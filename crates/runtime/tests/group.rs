@@ -200,13 +200,26 @@ impl Cluster {
     }
 
     fn member(&self, owner: &str, max_messages: Option<u64>, follow_ms: Option<i64>) -> GroupRun {
+        self.member_on(owner, max_messages, follow_ms, 1)
+    }
+
+    /// A member whose partition tasks take their turns on `threads` threads.
+    fn member_on(
+        &self,
+        owner: &str,
+        max_messages: Option<u64>,
+        follow_ms: Option<i64>,
+        threads: usize,
+    ) -> GroupRun {
+        let mut cfg = config(max_messages, follow_ms);
+        cfg.threads = threads;
         let (coordinator, data, name) = (
             Arc::clone(&self.coordinator),
             Arc::clone(&self.data),
             owner.to_string(),
         );
         GroupRun::start(
-            Arc::new(config(max_messages, follow_ms)),
+            Arc::new(cfg),
             GroupEnv {
                 store: Box::new(Store(Arc::clone(&self.lake))),
                 open_group: Box::new(move |claimer| {
@@ -273,6 +286,29 @@ fn partitions_handed_between_members_mid_stream_end_as_one_straight_run() {
         .state
         .values()
         .all(|(g, _, s)| *g >= 3 && s.as_ref().unwrap().next_offset == 300));
+}
+
+#[test]
+fn tasks_that_take_their_turns_on_several_threads_write_the_one_threads_rows() {
+    let want = straight();
+    for threads in [2, 3, 4] {
+        let c = Cluster::new();
+        // In pieces whose max_messages is shared out among the tasks, then to the end.
+        for (owner, max, status) in [
+            ("a", Some(250), "max_messages"),
+            ("b", Some(101), "max_messages"),
+            ("c", None, "caught_up"),
+        ] {
+            c.assign(owner, &[0, 1, 2], true);
+            assert_eq!(to_end(&mut c.member_on(owner, max, None, threads)), status);
+        }
+        assert_eq!(c.tables(), want, "threads = {threads}");
+        let lake = c.lake.lock().unwrap();
+        assert!(lake
+            .state
+            .values()
+            .all(|(_, _, s)| s.as_ref().unwrap().next_offset == 300));
+    }
 }
 
 #[test]
