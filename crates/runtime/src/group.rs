@@ -530,12 +530,14 @@ impl GroupRun {
                     task.caught_up = true;
                     task.read.look_again();
                 }
-                // Its turn is over (messages or pending rows): the next turn goes on.
-                (Ok(Stop::CycleEnd), Ok(None)) if Instant::now() < row_due => {
-                    if task.engine.cycle_full(MAX_PENDING_ROWS) {
-                        outcome = Ok(Some(Stop::CycleEnd));
-                    }
+                // Its turn is over (messages or pending rows): the next turn goes on, unless
+                // the task holds a cycle's worth.
+                (Ok(Stop::CycleEnd), Ok(None))
+                    if Instant::now() < row_due && task.engine.cycle_full(MAX_PENDING_ROWS) =>
+                {
+                    outcome = Ok(Some(Stop::CycleEnd));
                 }
+                (Ok(Stop::CycleEnd), Ok(None)) if Instant::now() < row_due => {}
                 (Ok(other), Ok(None)) => outcome = Ok(Some(other)),
                 _ => {}
             }
