@@ -4,7 +4,8 @@ PostgreSQL catalog from test/python/lake.py, a broker from test/python/brokers.p
 
 - commits: N members (1, 2, 4, 8) of one job on a 16-partition topic, a producer writing all the
   time, cycles of 50 ms: DuckLake commits per second into the Postgres catalog (snapshots made),
-  in all and per member, over 10 s once every member owns partitions.
+  in all and per member, over 10 s once every member owns partitions; at one member, also the
+  catalog round trips per commit (statements PostgreSQL logs).
 - cpu: one member, then three, read the same 300,000 messages (12 partitions), `append`, DuckDB
   `threads = 1`: events per CPU-second of the members' processes (utime + stime from /proc), and
   the ratio.
@@ -25,12 +26,14 @@ Prints one JSON line per measurement and a markdown summary at the end.
 import json
 import os
 import random
+import re
 import signal
 import sys
 import threading
 import time
 import uuid
 import warnings
+from collections import Counter
 
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,6 +101,8 @@ def commits(pg, broker, writers_list, seconds=10):
             after, t1 = con.execute(snap).fetchone()[0], time.time()
             rate = (after - before) / (t1 - t0)
             row = {"commits": {"writers": n, "commits_per_s": round(rate, 1), "per_writer": round(rate / n, 1)}}
+            if n == 1:
+                row["commits"]["statements_per_commit"] = statements_per_commit(pg, con, snap)
             print(json.dumps(row), flush=True)
             out.append(row["commits"])
         finally:
@@ -107,6 +112,26 @@ def commits(pg, broker, writers_list, seconds=10):
                 m.stop()
             con.close()
     return out
+
+
+def statements_per_commit(pg, con, snap, seconds=3):
+    """The catalog round trips of one member's commits: PostgreSQL logs every statement it is
+    sent for a few seconds (`log_statement = 'all'`), divided by the snapshots made meanwhile
+    (PostgreSQL's log names each statement's backend: the member's is the one that sent most)."""
+    log = os.path.join(pg.directory, "log")
+    size = os.path.getsize(log) if os.path.exists(log) else 0
+    pg.server.psql("ALTER SYSTEM SET log_statement = 'all'; SELECT pg_reload_conf();")
+    before = con.execute(snap).fetchone()[0]
+    time.sleep(seconds)
+    after = con.execute(snap).fetchone()[0]
+    pg.server.psql("ALTER SYSTEM SET log_statement = 'none'; SELECT pg_reload_conf();")
+    with open(log, errors="replace") as f:
+        f.seek(size)
+        text = f.read()
+    per_backend = Counter(m.group(1) for m in re.finditer(r"\[(\d+)\] LOG:  (?:statement|execute [^:]*): ", text))
+    # The member's backend (the reader sends a handful for its one query).
+    statements = max(per_backend.values(), default=0)
+    return round(statements / max(after - before, 1), 1)
 
 
 def cpu(pg, broker, total=300_000):

@@ -9,7 +9,7 @@ use streaming_etl_core::{EtlError, Result};
 use streaming_etl_runtime::sink::Tables;
 
 use super::tables::sink_error;
-use crate::params::TableName;
+use crate::params::{quote_ident, TableName};
 
 /// Commits that conflict with another writer's (a DuckLake's optimistic concurrency) are tried
 /// this many times in all, waiting 20 ms, 40 ms, ... up to 1 s in between.
@@ -90,9 +90,26 @@ pub(crate) fn with_retry_for<T>(
     retry_conflicts(table, Bound::For(bound), write)
 }
 
-/// DuckLake's own maintenance: merges the small files of the job's tables (and of its marker
-/// table, which gains a file per commit too), expires snapshots older than the retention and
-/// deletes the files no snapshot needs any more.
+fn lit(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// A table of the lake as DuckLake's functions name it: its schema and its bare name.
+fn lake_table(catalog: &str, table: &str) -> Option<(String, String)> {
+    let name = TableName::parse(table)?;
+    let bare = name.parts.last()?.clone();
+    let schema = match name.parts.as_slice() {
+        [_, s, _] => s.clone(),
+        [s, _] if !s.eq_ignore_ascii_case(catalog) => s.clone(),
+        _ => "main".to_string(),
+    };
+    Some((schema, bare))
+}
+
+/// DuckLake's own maintenance: writes the rows the catalog holds inline (`DATA_INLINING_ROW_LIMIT`)
+/// as files, merges the small files of the job's tables (and of its marker table, which gains a
+/// file per commit too), expires snapshots older than the retention and deletes the files no
+/// snapshot needs any more.
 pub(crate) fn compact(
     conn: &Connection,
     catalog: &str,
@@ -100,23 +117,16 @@ pub(crate) fn compact(
     marker: Option<&str>,
     retain_ms: i64,
 ) -> Result<()> {
-    let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
     let mut sql = String::new();
     for table in tables.iter().map(String::as_str).chain(marker) {
-        let name = TableName::parse(table).unwrap_or(TableName { parts: Vec::new() });
-        let Some(bare) = name.parts.last() else {
+        let Some((schema, bare)) = lake_table(catalog, table) else {
             continue;
         };
-        let schema = match name.parts.as_slice() {
-            [_, s, _] => s.clone(),
-            [s, _] if !s.eq_ignore_ascii_case(catalog) => s.clone(),
-            _ => "main".to_string(),
-        };
         sql += &format!(
-            "CALL ducklake_merge_adjacent_files({}, {}, schema => {});\n",
-            lit(catalog),
-            lit(bare),
-            lit(&schema)
+            "CALL ducklake_flush_inlined_data({c}, schema_name => {s}, table_name => {t});\nCALL ducklake_merge_adjacent_files({c}, {t}, schema => {s});\n",
+            c = lit(catalog),
+            t = lit(&bare),
+            s = lit(&schema)
         );
     }
     let before = format!("now() - INTERVAL {} MILLISECOND", retain_ms.max(0));
@@ -131,6 +141,38 @@ pub(crate) fn compact(
             format!("compacting DuckLake '{catalog}': {e}"),
         )
     })
+}
+
+/// Keeps `table`'s rows out of the catalog's inlined data, whatever the lake's
+/// `DATA_INLINING_ROW_LIMIT`: DuckLake 1.4 takes any two commits that delete inlined rows of one
+/// table as a conflict, whichever rows they are, so the tables the members of a group all
+/// delete from (their state rows, staged events, merged windows) would make every commit of one
+/// member conflict with every other's. In files, commits conflict only where they delete rows
+/// of the same file. A table option, stored in the catalog; set once.
+pub(crate) fn keep_in_files(conn: &Connection, catalog: &str, table: &str) -> Result<()> {
+    let Some((schema, bare)) = lake_table(catalog, table) else {
+        return Ok(());
+    };
+    let set: i64 = conn
+        .query_row(
+            &format!(
+                "SELECT count(*) FROM ducklake_options({}) WHERE option_name = 'data_inlining_row_limit' AND scope = 'TABLE' AND scope_entry = ? AND value = '0'",
+                lit(catalog)
+            ),
+            duckdb::params![format!("{schema}.{bare}")],
+            |r| r.get(0),
+        )
+        .map_err(|e| sink_error(table, e))?;
+    if set == 0 {
+        conn.execute_batch(&format!(
+            "CALL {}.set_option('data_inlining_row_limit', 0, schema => {}, table_name => {})",
+            quote_ident(catalog),
+            lit(&schema),
+            lit(&bare)
+        ))
+        .map_err(|e| sink_error(table, format!("keeping it out of inlined data: {e}")))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use streaming_etl_runtime::group::{
 
 use super::catalog::OutputCatalog;
 use super::insert::{insert_parts, insert_staged, Part, StagedPart, Verb};
-use super::lake::{compact, with_retry, with_retry_for};
+use super::lake::{compact, keep_in_files, with_retry, with_retry_for};
 use super::staged::{ensure_staged_table, Staging};
 use super::tables::{ensure_table, sink_error};
 use crate::host::connections::SharedConn;
@@ -260,7 +260,66 @@ impl LakeStore {
         })
     }
 
+    /// A commit in the common case: every partition's state row is this member's, under its
+    /// generation, one commit behind. One UPDATE replaces them all and says how many it found,
+    /// in place of reading the owners, deleting the rows and inserting their successors (a
+    /// scan of the state table, and its catalog round trips, fewer per commit). DuckLake
+    /// writes an update as a delete and an insert, so it fences like the delete it replaces
+    /// (see the module's comment). Anything else (a partition moved, an earlier attempt whose
+    /// outcome was unknown landed) is left to [`Self::try_commit_checked`].
     fn try_commit(
+        &self,
+        conn: &Connection,
+        owner: &str,
+        parts: &[PartitionCommit<'_>],
+        schemas: &OutputSchemas,
+    ) -> Result<Vec<Moved>> {
+        let st = &self.state;
+        conn.execute_batch("BEGIN TRANSACTION").map_err(duck(st))?;
+        let now = now_ms();
+        let mut values = Vec::with_capacity(parts.len() * 9);
+        for p in parts {
+            let s = &p.state;
+            values.extend([
+                Value::Int(p.partition),
+                Value::BigInt(p.generation),
+                Value::BigInt(s.seq),
+                Value::BigInt(s.next_offset),
+                s.max_event_time_ms.map_or(Value::Null, Value::BigInt),
+                Value::BigInt(s.last_delivery_ms),
+                Value::BigInt(s.watermark_ms),
+                s.open_windows.clone().map_or(Value::Null, Value::Blob),
+                Value::BigInt(now),
+            ]);
+        }
+        let row = "(?::INTEGER, ?::BIGINT, ?::BIGINT, ?::BIGINT, ?::BIGINT, ?::BIGINT, ?::BIGINT, ?::BLOB, ?::BIGINT)";
+        let rows = vec![row; parts.len()].join(", ");
+        values.push(Value::Text(self.job.clone()));
+        values.push(Value::Text(owner.to_string()));
+        let replaced = conn
+            .execute(
+                &format!(
+                    "UPDATE {st} AS s SET seq = v.seq, next_offset = v.next_offset, max_event_time_ms = v.max_event_time_ms, last_delivery_ms = v.last_delivery_ms, watermark_ms = v.watermark_ms, open_windows = v.open_windows, committed_ms = v.committed_ms \
+                     FROM (VALUES {rows}) AS v(\"partition\", generation, seq, next_offset, max_event_time_ms, last_delivery_ms, watermark_ms, open_windows, committed_ms) \
+                     WHERE s.job = ? AND s.owner = ? AND s.\"partition\" = v.\"partition\" AND s.generation = v.generation AND s.seq < v.seq"
+                ),
+                duckdb::params_from_iter(values),
+            )
+            .map_err(duck(st))?;
+        if replaced != parts.len() {
+            conn.execute_batch("ROLLBACK").map_err(duck(st))?;
+            return self.try_commit_checked(conn, owner, parts, schemas);
+        }
+        self.write_rows(conn, parts, schemas)?;
+        streaming_etl_runtime::fault::crash_point("sink-before-commit");
+        conn.execute_batch("COMMIT")
+            .map_err(duck(&self.tables.windows))?;
+        Ok(Vec::new())
+    }
+
+    /// A commit that reads the owners of its partitions first: the partitions that moved are
+    /// returned and nothing is written, and a commit that already landed is not written again.
+    fn try_commit_checked(
         &self,
         conn: &Connection,
         owner: &str,
@@ -301,45 +360,7 @@ impl LakeStore {
                 parts.len()
             )));
         }
-        let verb = self.verb();
-        let pick: [fn(&Batch) -> &Rows; 3] = [|b| &b.windows, |b| &b.late, |b| &b.dead];
-        let targets = [
-            (&self.tables.windows, &schemas.windows),
-            (&self.tables.late, &schemas.late),
-            (&self.tables.dead, &schemas.dead),
-        ];
-        if let Some(staging) = &self.staging {
-            // A partition's first commit: events an earlier job of this name staged for it are
-            // none of this one's.
-            for p in parts.iter().filter(|p| p.state.seq == 1) {
-                conn.execute_batch(&staging.clear(Some(p.partition)))
-                    .map_err(duck(&staging.table))?;
-            }
-        }
-        for (i, ((table, schema), rows_of)) in targets.into_iter().zip(pick).enumerate() {
-            let rows: Vec<Part<'_>> = parts
-                .iter()
-                .map(|p| Part {
-                    rows: rows_of(p.batch),
-                    // Late events and dead letters have a partition column of their own.
-                    partition: (i == 0).then_some(p.partition),
-                })
-                .collect();
-            match self.staging.as_ref().filter(|_| i == 0) {
-                Some(staging) => {
-                    let events: Vec<StagedPart<'_>> = parts
-                        .iter()
-                        .map(|p| StagedPart {
-                            rows: &p.batch.staged.rows,
-                            partition: Some(p.partition),
-                            live_from_pane_ms: p.batch.staged.live_from_pane_ms,
-                        })
-                        .collect();
-                    insert_staged(conn, table, schema, &rows, verb, staging, &events)?;
-                }
-                None => insert_parts(conn, table, schema, &rows, verb)?,
-            }
-        }
+        self.write_rows(conn, parts, schemas)?;
         let list: Vec<String> = parts.iter().map(|p| p.partition.to_string()).collect();
         conn.execute(
             &format!(
@@ -381,6 +402,56 @@ impl LakeStore {
         conn.execute_batch("COMMIT")
             .map_err(duck(&self.tables.windows))?;
         Ok(Vec::new())
+    }
+
+    /// The cycle's rows of `parts` (windows, late events, dead letters, and staged events if
+    /// the job has any), inside the commit's transaction.
+    fn write_rows(
+        &self,
+        conn: &Connection,
+        parts: &[PartitionCommit<'_>],
+        schemas: &OutputSchemas,
+    ) -> Result<()> {
+        let verb = self.verb();
+        let pick: [fn(&Batch) -> &Rows; 3] = [|b| &b.windows, |b| &b.late, |b| &b.dead];
+        let targets = [
+            (&self.tables.windows, &schemas.windows),
+            (&self.tables.late, &schemas.late),
+            (&self.tables.dead, &schemas.dead),
+        ];
+        if let Some(staging) = &self.staging {
+            // A partition's first commit: events an earlier job of this name staged for it are
+            // none of this one's.
+            for p in parts.iter().filter(|p| p.state.seq == 1) {
+                conn.execute_batch(&staging.clear(Some(p.partition)))
+                    .map_err(duck(&staging.table))?;
+            }
+        }
+        for (i, ((table, schema), rows_of)) in targets.into_iter().zip(pick).enumerate() {
+            let rows: Vec<Part<'_>> = parts
+                .iter()
+                .map(|p| Part {
+                    rows: rows_of(p.batch),
+                    // Late events and dead letters have a partition column of their own.
+                    partition: (i == 0).then_some(p.partition),
+                })
+                .collect();
+            match self.staging.as_ref().filter(|_| i == 0) {
+                Some(staging) => {
+                    let events: Vec<StagedPart<'_>> = parts
+                        .iter()
+                        .map(|p| StagedPart {
+                            rows: &p.batch.staged.rows,
+                            partition: Some(p.partition),
+                            live_from_pane_ms: p.batch.staged.live_from_pane_ms,
+                        })
+                        .collect();
+                    insert_staged(conn, table, schema, &rows, verb, staging, &events)?;
+                }
+                None => insert_parts(conn, table, schema, &rows, verb)?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -425,6 +496,21 @@ impl PartitionStore for LakeStore {
                 }
             }
         })?;
+        // The tables every member deletes from stay in files (see `keep_in_files`); rows only
+        // ever appended may be inlined, as the lake's attach says (measured in
+        // docs/benchmarks.md#scale-out-subscribe).
+        let mut deleted_from = vec![st.clone()];
+        deleted_from.extend(self.staging.as_ref().map(|s| s.table.clone()));
+        if self.mode == WriteMode::Upsert {
+            deleted_from.push(self.tables.windows.clone());
+        }
+        for table in &deleted_from {
+            with_retry(table, || {
+                keep_in_files(conn, &self.catalog.name, table).inspect_err(|_| {
+                    let _ = conn.execute_batch("ROLLBACK");
+                })
+            })?;
+        }
         self.schemas = Some(schemas);
         Ok(())
     }

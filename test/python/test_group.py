@@ -274,3 +274,28 @@ def test_partition_tasks_on_one_or_several_threads_write_the_same_rows(tmp_path,
             assert last["status"] == ("max_messages" if most else "caught_up"), last
         results[name] = tables(con, f"{name}_")
     assert_same(results["many"], results["one"])
+
+
+def test_a_lake_that_inlines_rows_keeps_what_members_delete_from_in_files(tmp_path, postgres, mock):
+    """A lake whose `data_inlining_row_limit` is set: DuckLake 1.4 takes any two
+    commits that delete inlined rows of one table as a conflict, so the state table and the
+    merged windows table are kept in files (a table option the first member sets). Inlined, every
+    two members' commits conflicted until the run failed; kept in files, two members at once, in
+    pieces, end with the rows of one straight run."""
+    topic = "i" + uuid.uuid4().hex[:8]
+    mock.create_topic(topic, PARTITIONS)
+    catalog, data, con = new_lake(tmp_path, postgres)
+    env = lake_env(catalog, data)
+    con.execute("CALL lake.set_option('data_inlining_row_limit', 100000)")
+    args = job_args(mock.bootstrap, "inl", "")
+    for piece in range(2):
+        send(mock.bootstrap, topic, messages(piece * 3000, 3000, seed=13, keyed=False))
+        bounded_runs(tmp_path, [f"i{piece}{i}" for i in range(2)], env, topic, args)
+    bounded_runs(tmp_path, ["last"], env, topic, args)
+    options = con.execute("SELECT DISTINCT scope_entry FROM ducklake_options('lake') WHERE option_name = 'data_inlining_row_limit' "
+                          "AND scope = 'TABLE' AND value = '0' ORDER BY 1").fetchall()
+    assert options == [("main.streaming_etl_partitions",), ("main.windows",)], options
+    files = {t: con.execute(f"SELECT count(*) FROM ducklake_list_files('lake', '{t}')").fetchone()[0]
+             for t in ("streaming_etl_partitions", "windows")}
+    assert files["streaming_etl_partitions"] > 0 and files["windows"] > 0, files
+    assert_same(tables(con, ""), straight(tmp_path, env, con, mock.bootstrap, topic))
