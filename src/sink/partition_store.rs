@@ -42,6 +42,20 @@ pub const STATE_TABLE: &str = "streaming_etl_partitions";
 
 const STATE_COLUMNS: &str = "job VARCHAR, \"partition\" INTEGER, generation BIGINT, owner VARCHAR, seq BIGINT, next_offset BIGINT, max_event_time_ms BIGINT, last_delivery_ms BIGINT, watermark_ms BIGINT, open_windows BLOB, settings VARCHAR, committed_ms BIGINT";
 
+/// A state row as a claim reads it.
+struct StoredRow {
+    partition: i32,
+    generation: i64,
+    owner: String,
+    seq: i64,
+    next_offset: Option<i64>,
+    max_event_time_ms: Option<i64>,
+    last_delivery_ms: Option<i64>,
+    watermark_ms: Option<i64>,
+    open_windows: Option<Vec<u8>>,
+    settings: Option<String>,
+}
+
 /// The windows table of a `subscribe` run: a `partition` column, part of the key.
 pub fn windows_with_partition(schema: &TableSchema) -> TableSchema {
     let mut with = schema.clone();
@@ -160,104 +174,124 @@ impl LakeStore {
         Ok(newest)
     }
 
-    fn try_claim(&self, conn: &Connection, partition: i32, owner: &str) -> Result<Claim> {
+    /// Claims `partitions` in one transaction: their newest state rows read in one query, the
+    /// anchor row replaced once, their rows replaced under the next generations.
+    fn try_claim(&self, conn: &Connection, partitions: &[i32], owner: &str) -> Result<Vec<Claim>> {
         let st = &self.state;
+        let list: Vec<String> = partitions.iter().map(i32::to_string).collect();
+        let list = list.join(", ");
         conn.execute_batch("BEGIN TRANSACTION").map_err(duck(st))?;
-        let current = conn
+        let rows = conn
             .prepare(&format!(
-                "SELECT generation, seq, next_offset, max_event_time_ms, last_delivery_ms, watermark_ms, open_windows, settings FROM {st} WHERE job = ? AND \"partition\" = ? ORDER BY generation DESC, owner DESC LIMIT 1"
+                "SELECT \"partition\", generation, owner, seq, next_offset, max_event_time_ms, last_delivery_ms, watermark_ms, open_windows, settings FROM {st} WHERE job = ? AND \"partition\" IN ({list})"
             ))
             .map_err(duck(st))?
-            .query_map(duckdb::params![self.job, partition], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, Option<i64>>(2)?,
-                    r.get::<_, Option<i64>>(3)?,
-                    r.get::<_, Option<i64>>(4)?,
-                    r.get::<_, Option<i64>>(5)?,
-                    r.get::<_, Option<Vec<u8>>>(6)?,
-                    r.get::<_, Option<String>>(7)?,
-                ))
+            .query_map(duckdb::params![self.job], |r| {
+                Ok(StoredRow {
+                    partition: r.get(0)?,
+                    generation: r.get(1)?,
+                    owner: r.get(2)?,
+                    seq: r.get(3)?,
+                    next_offset: r.get(4)?,
+                    max_event_time_ms: r.get(5)?,
+                    last_delivery_ms: r.get(6)?,
+                    watermark_ms: r.get(7)?,
+                    open_windows: r.get(8)?,
+                    settings: r.get(9)?,
+                })
             })
             .map_err(duck(st))?
-            .next()
-            .transpose()
+            .collect::<duckdb::Result<Vec<_>>>()
             .map_err(duck(st))?;
-        let (generation, seq, stored) = match current {
-            Some((
-                generation,
-                seq,
-                next_offset,
-                max_et,
-                last_delivery,
-                watermark,
-                open,
-                settings,
-            )) => {
-                if let Some(text) = settings.filter(|t| *t != self.settings_text) {
-                    let stored = parse_settings(&text);
-                    let (setting, was, now) = stored
-                        .as_ref()
-                        .and_then(|s| s.first_difference(&self.settings))
-                        .unwrap_or_else(|| {
-                            ("settings".into(), text.clone(), self.settings_text.clone())
-                        });
-                    return Err(EtlError::SettingsChanged {
-                        job: self.job.clone(),
-                        setting,
-                        stored: was,
-                        requested: now,
-                    });
-                }
-                let snapshot = next_offset.map(|next_offset| PartitionSnapshot {
-                    seq,
-                    next_offset,
-                    max_event_time_ms: max_et,
-                    last_delivery_ms: last_delivery.unwrap_or_else(now_ms),
-                    watermark_ms: watermark.unwrap_or(streaming_etl_core::NO_WATERMARK),
-                    open_windows: open,
-                });
-                (generation, seq, snapshot)
+        // A partition's newest row: the highest generation, then the highest owner (two rows
+        // of one partition exist only between a claim and its retry).
+        let mut newest: BTreeMap<i32, StoredRow> = BTreeMap::new();
+        for row in rows {
+            if newest
+                .get(&row.partition)
+                .is_none_or(|n| (row.generation, &row.owner) > (n.generation, &n.owner))
+            {
+                newest.insert(row.partition, row);
             }
-            None => (0, 0, None),
-        };
+        }
+        let mut claims = Vec::with_capacity(partitions.len());
+        for &partition in partitions {
+            let (generation, seq, stored) = match newest.remove(&partition) {
+                Some(row) => {
+                    if let Some(text) = row.settings.filter(|t| *t != self.settings_text) {
+                        let stored = parse_settings(&text);
+                        let (setting, was, now) = stored
+                            .as_ref()
+                            .and_then(|s| s.first_difference(&self.settings))
+                            .unwrap_or_else(|| {
+                                ("settings".into(), text.clone(), self.settings_text.clone())
+                            });
+                        return Err(EtlError::SettingsChanged {
+                            job: self.job.clone(),
+                            setting,
+                            stored: was,
+                            requested: now,
+                        });
+                    }
+                    let snapshot = row.next_offset.map(|next_offset| PartitionSnapshot {
+                        seq: row.seq,
+                        next_offset,
+                        max_event_time_ms: row.max_event_time_ms,
+                        last_delivery_ms: row.last_delivery_ms.unwrap_or_else(now_ms),
+                        watermark_ms: row.watermark_ms.unwrap_or(streaming_etl_core::NO_WATERMARK),
+                        open_windows: row.open_windows,
+                    });
+                    (row.generation, row.seq, snapshot)
+                }
+                None => (0, 0, None),
+            };
+            claims.push((
+                Claim {
+                    partition,
+                    generation: generation + 1,
+                    stored,
+                },
+                seq,
+            ));
+        }
         // Claims of one lake serialize on the anchor row (see the module's comment).
         conn.execute_batch(&format!(
             "DELETE FROM {st} WHERE job = '' AND \"partition\" = -1; INSERT INTO {st} (job, \"partition\", generation, owner, seq) VALUES ('', -1, 0, '', 0)"
         ))
         .map_err(duck(st))?;
         conn.execute(
-            &format!("DELETE FROM {st} WHERE job = ? AND \"partition\" = ?"),
-            duckdb::params![self.job, partition],
+            &format!("DELETE FROM {st} WHERE job = ? AND \"partition\" IN ({list})"),
+            duckdb::params![self.job],
         )
         .map_err(duck(st))?;
-        let generation = generation + 1;
-        let s = stored.as_ref();
-        conn.execute(
-            &format!("INSERT INTO {st} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-            duckdb::params![
-                self.job,
-                partition,
-                generation,
-                owner,
-                seq,
-                s.map(|s| s.next_offset),
-                s.and_then(|s| s.max_event_time_ms),
-                s.map(|s| s.last_delivery_ms),
-                s.map(|s| s.watermark_ms),
-                s.and_then(|s| s.open_windows.clone()),
-                self.settings_text,
-                now_ms(),
-            ],
-        )
-        .map_err(duck(st))?;
+        let mut insert = conn
+            .prepare(&format!(
+                "INSERT INTO {st} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            ))
+            .map_err(duck(st))?;
+        let now = now_ms();
+        for (claim, seq) in &claims {
+            let s = claim.stored.as_ref();
+            insert
+                .execute(duckdb::params![
+                    self.job,
+                    claim.partition,
+                    claim.generation,
+                    owner,
+                    seq,
+                    s.map(|s| s.next_offset),
+                    s.and_then(|s| s.max_event_time_ms),
+                    s.map(|s| s.last_delivery_ms),
+                    s.map(|s| s.watermark_ms),
+                    s.and_then(|s| s.open_windows.clone()),
+                    self.settings_text,
+                    now,
+                ])
+                .map_err(duck(st))?;
+        }
+        drop(insert);
         conn.execute_batch("COMMIT").map_err(duck(st))?;
-        Ok(Claim {
-            partition,
-            generation,
-            stored,
-        })
+        Ok(claims.into_iter().map(|(c, _)| c).collect())
     }
 
     /// A commit in the common case: every partition's state row is this member's, under its
@@ -515,11 +549,14 @@ impl PartitionStore for LakeStore {
         Ok(())
     }
 
-    fn claim(&mut self, partition: i32, owner: &str) -> Result<Claim> {
+    fn claim(&mut self, partitions: &[i32], owner: &str) -> Result<Vec<Claim>> {
+        if partitions.is_empty() {
+            return Ok(Vec::new());
+        }
         let guard = self.conn.lock();
         let conn = guard.conn()?;
         with_retry_for(&self.state, CONTENDED_FOR, || {
-            self.try_claim(conn, partition, owner).inspect_err(|_| {
+            self.try_claim(conn, partitions, owner).inspect_err(|_| {
                 let _ = conn.execute_batch("ROLLBACK");
             })
         })

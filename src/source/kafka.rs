@@ -440,15 +440,14 @@ impl OpenConsumer {
     }
 
     /// Continuous runs: blocks until a partition has a message ready (librdkafka's own queue
-    /// wait, so a message is taken within a few milliseconds of its fetch), at most `timeout`.
-    fn wait_for_messages(&mut self, timeout: Duration) {
+    /// wait, so a message is taken within a few milliseconds of its fetch), at most `timeout`;
+    /// whether one has.
+    fn wait_for_messages(&mut self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        if let Some(Err(e)) = self.consumer.poll(Duration::ZERO) {
-            self.consumer.context().set_last_error(kafka_error(&e));
-        }
+        self.serve_callbacks();
         if self.queues.is_empty() {
             std::thread::sleep(timeout);
-            return;
+            return false;
         }
         // A short turn on each partition's queue until one has something (they fill at the
         // same fetches, so waiting on them in turn costs little).
@@ -457,10 +456,10 @@ impl OpenConsumer {
         loop {
             for q in &mut self.queues {
                 if q.peek().is_some() || q.refill(turn.as_millis() as i32) > 0 {
-                    return;
+                    return true;
                 }
                 if Instant::now() >= deadline {
-                    return;
+                    return false;
                 }
             }
         }
@@ -505,10 +504,13 @@ impl Source for KafkaSource {
         self.reader()?.discover()
     }
 
-    fn wait(&mut self, timeout: Duration) {
+    fn wait(&mut self, timeout: Duration) -> bool {
         match self.reader.as_mut() {
             Some(r) => r.wait_for_messages(timeout),
-            None => std::thread::sleep(timeout),
+            None => {
+                std::thread::sleep(timeout);
+                false
+            }
         }
     }
 

@@ -14,7 +14,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Message as _, Offset, TopicPartitionList};
 
 use streaming_etl_core::{EtlError, Result};
-use streaming_etl_runtime::group::{Claimer, GroupEvent, GroupSource};
+use streaming_etl_runtime::group::{Claim, Claimer, GroupEvent, GroupSource};
 
 use super::kafka::KafkaSource;
 use super::kafka_batch::PartitionBatches;
@@ -49,10 +49,19 @@ impl GroupHooks {
         locked(&self.failure).get_or_insert(e);
     }
 
-    /// Claims partition `p` and opens its source; returns where reading starts.
-    fn take(&self, consumer: &Arc<BaseConsumer<Context>>, p: i32) -> Result<(i64, GroupEvent)> {
+    /// Claims `partitions` (one catalog transaction for all).
+    fn claim(&self, partitions: &[i32]) -> Result<Vec<Claim>> {
+        (locked(&self.claimer))(partitions)
+    }
+
+    /// Opens the source of a claimed partition; returns where reading starts.
+    fn take(
+        &self,
+        consumer: &Arc<BaseConsumer<Context>>,
+        claim: Claim,
+    ) -> Result<(i64, GroupEvent)> {
         let err = |m: String| EtlError::source(&self.source_name, m);
-        let claim = (locked(&self.claimer))(p)?;
+        let p = claim.partition;
         let (low, high) = consumer
             .fetch_watermarks(&self.topic, p, self.timeout)
             .map_err(|e| err(format!("partition {p}: {}", kafka_error(&e))))?;
@@ -119,19 +128,25 @@ impl Rebalance for GroupHooks {
                 };
                 let mut taken = TopicPartitionList::new();
                 let mut events = Vec::new();
-                for p in ids {
-                    match self.take(&arc, p) {
-                        Ok((start, event)) => {
-                            if taken
-                                .add_partition_offset(&self.topic, p, Offset::Offset(start))
-                                .is_ok()
-                            {
-                                events.push(event);
+                // The run fails at its next look; what is not taken is left unread.
+                match self.claim(&ids) {
+                    Ok(claims) => {
+                        for claim in claims {
+                            let p = claim.partition;
+                            match self.take(&arc, claim) {
+                                Ok((start, event)) => {
+                                    if taken
+                                        .add_partition_offset(&self.topic, p, Offset::Offset(start))
+                                        .is_ok()
+                                    {
+                                        events.push(event);
+                                    }
+                                }
+                                Err(e) => self.fail(e),
                             }
                         }
-                        // The run fails at its next look; the partition is left unread.
-                        Err(e) => self.fail(e),
                     }
+                    Err(e) => self.fail(e),
                 }
                 let assigned = if cooperative {
                     consumer.incremental_assign(&taken)
@@ -334,7 +349,10 @@ impl GroupSource for KafkaGroup {
         if !assigned {
             return Ok(None);
         }
-        let (start, event) = self.hooks.take(&consumer, partition)?;
+        let Some(claim) = self.hooks.claim(&[partition])?.pop() else {
+            return Ok(None);
+        };
+        let (start, event) = self.hooks.take(&consumer, claim)?;
         // Assigned all along: the fetcher is moved to where the claim says, and what its queue
         // held was dropped by the claim.
         self.seek(partition, start)?;

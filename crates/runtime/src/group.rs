@@ -74,10 +74,11 @@ pub trait PartitionStore: Send {
     /// Makes sure the output tables and the state table exist (idempotent).
     fn prepare(&mut self, schemas: &OutputSchemas) -> Result<()>;
 
-    /// Takes the partition over for `owner`: reads its state and, in one transaction, writes
-    /// it back under a generation above every earlier one. Fails when the stored state was
-    /// written under other settings.
-    fn claim(&mut self, partition: i32, owner: &str) -> Result<Claim>;
+    /// Takes the partitions over for `owner`: reads their state and, in one transaction,
+    /// writes each back under a generation above every earlier one (one catalog commit for
+    /// all a rebalance assigns). Fails when a stored state was written under other settings.
+    /// The claims are in the order of `partitions`.
+    fn claim(&mut self, partitions: &[i32], owner: &str) -> Result<Vec<Claim>>;
 
     /// Commits the partitions' rows and states in one transaction, provided each state row is
     /// still this member's; otherwise nothing is written and the partitions that moved are
@@ -85,9 +86,9 @@ pub trait PartitionStore: Send {
     fn commit(&mut self, owner: &str, parts: &[PartitionCommit<'_>]) -> Result<Vec<Moved>>;
 }
 
-/// Takes a partition over (the group source calls it when the group assigns one, before the
-/// partition is read, so reading starts at the stored offset).
-pub type Claimer = Box<dyn FnMut(i32) -> Result<Claim> + Send>;
+/// Takes partitions over (the group source calls it when the group assigns them, before they
+/// are read, so reading starts at the stored offsets).
+pub type Claimer = Box<dyn FnMut(&[i32]) -> Result<Vec<Claim>> + Send>;
 
 /// A change to this member's assignment.
 pub enum GroupEvent {
@@ -146,6 +147,15 @@ struct Task {
     committed_offset: i64,
     committed_watermark_ms: i64,
     batch: Batch,
+}
+
+impl Task {
+    /// Whether the partition's source knows of messages past those the task has read.
+    fn behind(&self) -> bool {
+        let read = self.engine.progress().first().map_or(-1, |p| p.next_offset);
+        let at = self.source.position(0).map_or(read, |p| p.max(read));
+        self.source.end_offset(0).is_some_and(|end| end > at)
+    }
 }
 
 pub struct GroupRun {
@@ -222,12 +232,12 @@ impl GroupRun {
         // consumer still closing finds nothing to claim with.
         let weak: Weak<Mutex<Box<dyn PartitionStore>>> = Arc::downgrade(&store);
         let claim_owner = owner.clone();
-        let claimer: Claimer = Box::new(move |partition| {
+        let claimer: Claimer = Box::new(move |partitions| {
             let store = weak
                 .upgrade()
                 .ok_or_else(|| EtlError::Internal("the run is over".into()))?;
             let mut store = store.lock().unwrap_or_else(PoisonError::into_inner);
-            store.claim(partition, &claim_owner)
+            store.claim(partitions, &claim_owner)
         });
         let group = open_group(claimer)?;
         Ok(GroupRun {
@@ -412,9 +422,16 @@ impl GroupRun {
                 if !self.cfg.follow {
                     break Stop::CaughtUp;
                 }
+                // A task short of the end its partition's last fetch reported is waiting on
+                // the fetcher, not caught up: what it closed goes with the cycle's commit. A
+                // member working off a backlog would otherwise commit at every gap between
+                // two fetches (a catalog commit each).
+                let behind = self.tasks.values().any(Task::behind);
                 let mut closed = false;
-                for t in self.tasks.values_mut() {
-                    closed |= t.engine.closed_windows_waiting()?;
+                if !behind {
+                    for t in self.tasks.values_mut() {
+                        closed |= t.engine.closed_windows_waiting()?;
+                    }
                 }
                 if closed {
                     // Windows just closed are committed now rather than at the cycle's end.
@@ -423,7 +440,12 @@ impl GroupRun {
                 if let Some(s) = self.deadline_passed(row_due) {
                     break s;
                 }
-                self.serve_group(IDLE_WAIT)?;
+                if behind {
+                    self.wait_for_fetches(row_due);
+                    self.serve_group(Duration::ZERO)?;
+                } else {
+                    self.serve_group(IDLE_WAIT)?;
+                }
                 for t in self.tasks.values_mut() {
                     t.caught_up = false;
                 }
@@ -442,6 +464,32 @@ impl GroupRun {
         self.commit()?;
         self.cycles += 1;
         Ok(!self.is_done())
+    }
+
+    /// Waits, at most IDLE_WAIT and not past the cycle, for a fetch to reach a task that is
+    /// behind (each partition has its own queue: a short wait on each in turn).
+    fn wait_for_fetches(&mut self, row_due: Instant) {
+        let deadline = (Instant::now() + IDLE_WAIT).min(row_due);
+        let behind: Vec<i32> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.behind())
+            .map(|(&p, _)| p)
+            .collect();
+        if behind.is_empty() {
+            return;
+        }
+        let slice = (IDLE_WAIT / behind.len() as u32).max(Duration::from_millis(1));
+        while Instant::now() < deadline {
+            for p in &behind {
+                let Some(t) = self.tasks.get_mut(p) else {
+                    continue;
+                };
+                if t.source.wait(slice) || Instant::now() >= deadline {
+                    return;
+                }
+            }
+        }
     }
 
     fn deadline_passed(&self, row_due: Instant) -> Option<Stop> {
@@ -481,9 +529,12 @@ impl GroupRun {
             let n = active.len() as u64;
             (remaining / n + u64::from((i as u64) < remaining % n)).min(remaining)
         };
+        // A task whose share is nothing waits for the next turns (by then the others have read
+        // theirs or caught up, and what is left is shared out again).
         let turns: Vec<(i32, Arc<Mutex<Turn>>)> = active
             .iter()
             .enumerate()
+            .filter(|&(i, _)| share(i) > 0)
             .filter_map(|(i, &p)| {
                 let task = self.tasks.remove(&p)?;
                 Some((p, Arc::new(Mutex::new(Turn::new(task, share(i))))))
@@ -538,6 +589,9 @@ impl GroupRun {
                     outcome = Ok(Some(Stop::CycleEnd));
                 }
                 (Ok(Stop::CycleEnd), Ok(None)) if Instant::now() < row_due => {}
+                // Its share of max_messages is read, not necessarily the run's: the next turn
+                // looks at what is left.
+                (Ok(Stop::MaxMessages), Ok(None)) => {}
                 (Ok(other), Ok(None)) => outcome = Ok(Some(other)),
                 _ => {}
             }

@@ -39,19 +39,23 @@ impl PartitionStore for Store {
         Ok(())
     }
 
-    fn claim(&mut self, partition: i32, owner: &str) -> Result<Claim> {
+    fn claim(&mut self, partitions: &[i32], owner: &str) -> Result<Vec<Claim>> {
         let mut lake = self.0.lock().unwrap();
-        let (generation, stored) = lake
-            .state
-            .get(&partition)
-            .map_or((0, None), |(g, _, s)| (*g, s.clone()));
-        lake.state
-            .insert(partition, (generation + 1, owner.into(), stored.clone()));
-        Ok(Claim {
-            partition,
-            generation: generation + 1,
-            stored,
-        })
+        let mut claims = Vec::new();
+        for &partition in partitions {
+            let (generation, stored) = lake
+                .state
+                .get(&partition)
+                .map_or((0, None), |(g, _, s)| (*g, s.clone()));
+            lake.state
+                .insert(partition, (generation + 1, owner.into(), stored.clone()));
+            claims.push(Claim {
+                partition,
+                generation: generation + 1,
+                stored,
+            });
+        }
+        Ok(claims)
     }
 
     fn commit(&mut self, owner: &str, parts: &[PartitionCommit<'_>]) -> Result<Vec<Moved>> {
@@ -114,7 +118,12 @@ struct Group {
 
 impl Group {
     fn open(&mut self, p: i32) -> Result<GroupEvent> {
-        let claim = (self.claimer)(p)?;
+        let claim = (self.claimer)(&[p])?.remove(0);
+        self.source(claim)
+    }
+
+    fn source(&self, claim: Claim) -> Result<GroupEvent> {
+        let p = claim.partition;
         let start = claim.stored.as_ref().map_or(0, |s| s.next_offset);
         let source = MemorySource::new(vec![self.data[p as usize].clone()], &[start]);
         Ok(GroupEvent::Assigned {
@@ -133,11 +142,16 @@ impl GroupSource for Group {
             .pending
             .remove(&self.owner)
             .unwrap_or_default();
+        // What one rebalance assigns is claimed at once, as the Kafka group does.
+        let assigned: Vec<i32> = changes.iter().filter(|c| c.0).map(|c| c.1).collect();
+        let mut claims = (self.claimer)(&assigned)?.into_iter();
         let mut events = Vec::new();
         for (assign, p) in changes {
             if assign {
                 self.assigned.insert(p);
-                events.push(self.open(p)?);
+                let claim = claims.next().expect("a claim per partition assigned");
+                assert_eq!(claim.partition, p);
+                events.push(self.source(claim)?);
             } else {
                 self.assigned.remove(&p);
                 events.push(GroupEvent::Revoked(p));
@@ -312,6 +326,20 @@ fn tasks_that_take_their_turns_on_several_threads_write_the_one_threads_rows() {
 }
 
 #[test]
+fn max_messages_shared_out_among_uneven_partitions_is_read_in_full() {
+    for threads in [1, 2] {
+        let c = Cluster::new();
+        c.assign("a", &[0], true);
+        assert_eq!(to_end(&mut c.member("a", None, None)), "caught_up");
+        // p0 has nothing left: its share goes to p1 and p2 once they have read theirs.
+        c.assign("b", &[0, 1, 2], true);
+        let mut b = c.member_on("b", Some(400), None, threads);
+        assert_eq!(to_end(&mut b), "max_messages");
+        assert_eq!(b.stats().events_consumed, 400, "threads = {threads}");
+    }
+}
+
+#[test]
 fn a_member_whose_partition_was_claimed_cannot_commit_it_and_takes_it_back_from_the_last_commit() {
     let c = Cluster::new();
     c.assign("a", &[0], true);
@@ -336,11 +364,13 @@ fn a_member_whose_partition_was_claimed_cannot_commit_it_and_takes_it_back_from_
     assert_eq!(lake.dead.len(), 5);
 }
 
-/// A partition whose messages arrive while the run goes on (shared with the test).
+/// A partition whose messages arrive while the run goes on (shared with the test); `fetch`:
+/// messages the broker has and the fetcher brings at the next wait (counted in the end offset).
 struct Growing {
     parts: Vec<SourcePartition>,
     lines: Arc<Mutex<Vec<String>>>,
     next: usize,
+    fetch: Vec<String>,
 }
 
 impl Source for Growing {
@@ -369,7 +399,15 @@ impl Source for Growing {
     }
 
     fn end_offset(&self, _idx: usize) -> Option<i64> {
-        None
+        (!self.fetch.is_empty())
+            .then(|| (self.lines.lock().unwrap().len() + self.fetch.len()) as i64)
+    }
+
+    fn wait(&mut self, _timeout: Duration) -> bool {
+        let fetched = std::mem::take(&mut self.fetch);
+        let arrived = !fetched.is_empty();
+        self.lines.lock().unwrap().extend(fetched);
+        arrived
     }
 }
 
@@ -377,6 +415,7 @@ struct OnePartition {
     claimer: Claimer,
     lines: Arc<Mutex<Vec<String>>>,
     opened: bool,
+    fetch: Vec<String>,
 }
 
 impl GroupSource for OnePartition {
@@ -385,7 +424,7 @@ impl GroupSource for OnePartition {
             return Ok(Vec::new());
         }
         self.opened = true;
-        let claim = (self.claimer)(0)?;
+        let claim = (self.claimer)(&[0])?.remove(0);
         let parts = vec![SourcePartition {
             partition: 0,
             name: String::new(),
@@ -397,6 +436,7 @@ impl GroupSource for OnePartition {
             parts,
             lines: Arc::clone(&self.lines),
             next: 0,
+            fetch: std::mem::take(&mut self.fetch),
         };
         Ok(vec![GroupEvent::Assigned {
             claim,
@@ -423,13 +463,12 @@ impl GroupSource for OnePartition {
     }
 }
 
-#[test]
-fn a_follow_member_reads_what_arrives_after_it_caught_up() {
+/// A follow member on one partition whose queue holds `lines` and whose broker has `fetch`
+/// more; the catalog it commits to.
+fn one_partition_member(lines: &Arc<Mutex<Vec<String>>>, fetch: Vec<String>) -> (GroupRun, Shared) {
     let lake = Shared::default();
-    let data = common::data(0).swap_remove(0);
-    let lines = Arc::new(Mutex::new(data[..100].to_vec()));
-    let (shared, claimed) = (Arc::clone(&lines), Arc::clone(&lake));
-    let mut run = GroupRun::start(
+    let (shared, claimed) = (Arc::clone(lines), Arc::clone(&lake));
+    let run = GroupRun::start(
         Arc::new(config(None, Some(60_000))),
         GroupEnv {
             store: Box::new(Store(claimed)),
@@ -438,6 +477,7 @@ fn a_follow_member_reads_what_arrives_after_it_caught_up() {
                     claimer,
                     lines: shared,
                     opened: false,
+                    fetch,
                 }) as Box<dyn GroupSource>)
             }),
             clock: Arc::new(common::FixedClock),
@@ -445,10 +485,38 @@ fn a_follow_member_reads_what_arrives_after_it_caught_up() {
         },
     )
     .unwrap();
-    let committed = || {
-        let lake = lake.lock().unwrap();
-        lake.state[&0].2.as_ref().map_or(0, |s| s.next_offset)
-    };
+    (run, lake)
+}
+
+fn committed_offset(lake: &Shared) -> i64 {
+    let lake = lake.lock().unwrap();
+    lake.state[&0].2.as_ref().map_or(0, |s| s.next_offset)
+}
+
+#[test]
+fn a_member_behind_its_broker_waits_for_the_fetch_rather_than_commit_what_it_closed() {
+    let data = common::data(0).swap_remove(0);
+    let lines = Arc::new(Mutex::new(data[..100].to_vec()));
+    let (mut run, lake) = one_partition_member(&lines, data[100..300].to_vec());
+    // The first 100 messages close windows, but the broker has 200 more: the cycle waits for
+    // them and commits all 300 at once (caught up, it would have committed the 100 alone).
+    while committed_offset_or_none(&lake).is_none() {
+        assert!(run.cycle().unwrap());
+    }
+    assert_eq!(committed_offset(&lake), 300);
+}
+
+fn committed_offset_or_none(lake: &Shared) -> Option<i64> {
+    let lake = lake.lock().unwrap();
+    lake.state.get(&0)?.2.as_ref().map(|s| s.next_offset)
+}
+
+#[test]
+fn a_follow_member_reads_what_arrives_after_it_caught_up() {
+    let data = common::data(0).swap_remove(0);
+    let lines = Arc::new(Mutex::new(data[..100].to_vec()));
+    let (mut run, lake) = one_partition_member(&lines, Vec::new());
+    let committed = || committed_offset(&lake);
     for (upto, cycles) in [(100, 0), (250, 1), (300, 2)] {
         let mut held = lines.lock().unwrap();
         let from = held.len();

@@ -670,9 +670,10 @@ impl Source for FileSource {
         Ok(self.parts.len() - before)
     }
 
-    fn wait(&mut self, timeout: Duration) {
+    fn wait(&mut self, timeout: Duration) -> bool {
         // Files have no notification to wait on: a short sleep, then the readers look again.
         std::thread::sleep(timeout.min(Duration::from_millis(50)));
+        false
     }
 }
 

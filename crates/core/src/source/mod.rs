@@ -90,9 +90,11 @@ pub trait Source: Send {
     }
 
     /// Continuous runs: waits, at most `timeout`, for something to read (a blocking wait, not a
-    /// busy loop).
-    fn wait(&mut self, timeout: std::time::Duration) {
+    /// busy loop); whether something arrived (false: the wait ran out, or the source cannot
+    /// tell).
+    fn wait(&mut self, timeout: std::time::Duration) -> bool {
         std::thread::sleep(timeout);
+        false
     }
 
     /// Called once a checkpoint holding these next offsets is durable (Kafka commits them to
