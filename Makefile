@@ -167,8 +167,9 @@ bench: release tools configure $(NEXMARK)
 	$(PY) scripts/bench_emit.py
 	$(PY) scripts/bench_sql_aggregates.py
 	$(LTS_PY) scripts/group_scale.py --only commits
-	$(LTS_PY) scripts/group_scale.py --only cpu
+	$(LTS_PY) scripts/group_scale.py --only cpu --cpu-events 1200000
 	$(LTS_PY) scripts/group_scale.py --only threads
+	$(LTS_PY) scripts/group_scale.py --only start
 
 # Rewrites the parameter table in README.md from the declaration in src/params/table.rs.
 readme:

@@ -2,24 +2,29 @@
 """Scale-out measurements for `subscribe := true` (DuckDB 1.4.4's Python: DuckLake, a real
 PostgreSQL catalog from test/python/lake.py, a broker from test/python/brokers.py).
 
-- commits: N members (1, 2, 4, 8) of one job on a 16-partition topic, a producer writing all the
-  time, cycles of 50 ms: DuckLake commits per second into the Postgres catalog (snapshots made),
-  in all and per member, over 10 s once every member owns partitions; at one member, also the
-  catalog round trips per commit (statements PostgreSQL logs).
-- cpu: one member, then three, read the same 300,000 messages (12 partitions), `append`, DuckDB
-  `threads = 1`: events per CPU-second of the members' processes (utime + stime from /proc), and
-  the ratio.
+- commits: N members (1, 2, 4, 8; DuckDB `threads = 1` each, so no client busy-polls) of one job
+  on a 16-partition topic, a producer writing all the time, cycles of 50 ms: DuckLake commits per
+  second into the Postgres catalog (snapshots made), in all and per member, over 10 s once every
+  member owns partitions; at one member, also the catalog round trips per commit (statements
+  PostgreSQL logs).
+- cpu: one member, then three, in the DuckDB 1.4.4 CLI with `threads = 1`, read the same
+  messages (300,000 sent to 12 partitions, or --cpu-events; what the mock cluster keeps of
+  them), `append`: events per CPU-second of the members' processes (utime + stime from /proc,
+  from their start), and the ratio.
 - threads: one member on 12 partitions of 1.2M messages (what the mock cluster keeps of them),
-  run in the DuckDB 1.4.4 CLI with `threads = 1`, then `2` (alternating, the best of two each):
+  run in the DuckDB 1.4.4 CLI with `threads = 1`, then `2` (alternating, the best of three each):
   events per second from the first cycle that read to the last (the group's join is not in it),
   and the ratio (test_group.py checks that the rows do not depend on `threads`; here the mock
   cluster's retention may drop old messages between the runs).
-- changes: three members while a producer writes; N membership changes at random (kill -9, a
+- start: a member's start in the DuckDB 1.4.4 CLI (loading DuckLake and postgres, attaching,
+  loading the extension; then joining, claiming 12 partitions, one cycle, the end), alone and
+  three at once: wall, CPU, the group's join wait and the catalog commits made.
+- changes: three members (DuckDB `threads = 2` each) while a producer writes; N membership changes at random (kill -9, a
   SIGSTOP past the session timeout then SIGCONT, a new member), each waited out; then the rows
   are compared with one straight single-process run: lost and doubled rows, and the pause from
   each kill to the next commit of the killed member's partitions by another member.
 
-usage: group_scale.py [--quick] [--only commits|cpu|threads|changes] [--broker mock|tansu]
+usage: group_scale.py [--quick] [--only commits|cpu|threads|start|changes] [--broker mock|tansu]
                       [--changes N] [--cpu-events N]
 Prints one JSON line per measurement and a markdown summary at the end.
 """
@@ -78,6 +83,7 @@ def commits(pg, broker, writers_list, seconds=10):
         topic = "c" + uuid.uuid4().hex[:8]
         broker.create_topic(topic, 16)
         env = lake_env(catalog, data)
+        env["STREAMING_ETL_THREADS"] = "1"
         args = job_args(broker.bootstrap, "c", "", "follow=true", "max_runtime_ms=600000",
                         "checkpoint_interval_ms=50", "write_mode='append'")
         stop = threading.Event()
@@ -134,23 +140,56 @@ def statements_per_commit(pg, con, snap, seconds=3):
     return round(statements / max(after - before, 1), 1)
 
 
+def kept_messages(bootstrap, topic):
+    """What the broker keeps of a topic (the mock cluster drops the oldest past ~5 MB a
+    partition)."""
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    try:
+        return sum(h - lo for lo, h in (c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                                        for p in range(group.PARTITIONS)))
+    finally:
+        c.close()
+
+
+class CliMember:
+    """One member as a DuckDB 1.4.4 CLI process running a follow run (`threads` DuckDB threads)."""
+
+    def __init__(self, d, name, catalog, data, topic, args, threads=1):
+        import subprocess
+        sql = (f"SET extension_directory = '{lake.EXTENSION_DIRECTORY}'; {lake.setup_sql(catalog, data)} "
+               f"LOAD '{group.EXT}'; SET threads = {threads}; "
+               f"SELECT * FROM streaming_etl_run('{topic}', 1000, 200, "
+               + ", ".join(a.replace("=", " := ", 1) for a in args) + ");")
+        self.err = open(d / f"{name}.err", "w+")
+        self.proc = subprocess.Popen([cli_binary(), "-unsigned", "-json", str(d / f"{name}.duckdb"), "-c", sql],
+                                     stdout=subprocess.DEVNULL, stderr=self.err)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stderr(self):
+        self.err.flush()
+        return open(self.err.name).read()
+
+
 def cpu(pg, broker, total=300_000):
     topic = "u" + uuid.uuid4().hex[:8]
     broker.create_topic(topic, group.PARTITIONS)
     for start in range(0, total, 50_000):
         send(broker.bootstrap, topic, messages(start, 50_000))
     want = ends(broker.bootstrap, topic)
-    result = {}
+    kept = kept_messages(broker.bootstrap, topic)
+    result = {"messages_kept": kept}
     for n in (1, 3):
         d, catalog, data, con = fresh(pg, f"cpu{n}")
-        env = lake_env(catalog, data)
-        # DuckDB 1.4.4's Python client busy-polls `PendingQueryResult::ExecuteTask` on the calling
-        # thread while a table function runs on one of DuckDB's workers (a core per process while
-        # a follow run waits). With threads = 1 the run is on the calling thread and no core spins:
-        # the process's CPU is the run's and DuckDB's writes.
-        env["STREAMING_ETL_SETUP"] += " SET threads = 1;"
+        # Members in the DuckDB CLI, `threads = 1` each: the CPU of a process is its run's,
+        # DuckDB's writes and its start (no client busy-polls, as DuckDB 1.4.4's Python does
+        # while a table function runs on a worker).
         args = job_args(broker.bootstrap, f"cpu{n}", "", "follow=true", "max_runtime_ms=600000", "write_mode='append'")
-        members = [Member(d, f"m{i}", env, topic, args) for i in range(n)]
+        members = [CliMember(d, f"m{i}", catalog, data, topic, args) for i in range(n)]
         try:
             wait_until_committed(con, f"cpu{n}", want, members, timeout=600)
             secs = sum(cpu_seconds(m.proc.pid) for m in members)
@@ -158,7 +197,7 @@ def cpu(pg, broker, total=300_000):
             for m in members:
                 m.stop()
             con.close()
-        result[n] = {"cpu_s": round(secs, 2), "events_per_cpu_s": round(total / secs)}
+        result[n] = {"cpu_s": round(secs, 2), "events_per_cpu_s": round(kept / secs)}
     result["ratio_3_to_1"] = round(result[3]["events_per_cpu_s"] / result[1]["events_per_cpu_s"], 2)
     print(json.dumps({"cpu": result}), flush=True)
     return result
@@ -197,13 +236,9 @@ def threads(pg, broker, total=1_200_000):
     broker.create_topic(topic, group.PARTITIONS)
     for start in range(0, total, 50_000):
         send(broker.bootstrap, topic, messages(start, 50_000))
-    from confluent_kafka import Consumer, TopicPartition
-    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "probe"})
-    kept = sum(h - lo for lo, h in (c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                                    for p in range(group.PARTITIONS)))
-    c.close()
+    kept = kept_messages(broker.bootstrap, topic)
     best = {}
-    for rnd in range(2):
+    for rnd in range(3):
         for n in (1, 2):
             d, catalog, data, con = fresh(pg, f"threads{n}-{rnd}")
             out = cli_member(d, catalog, data, topic, broker.bootstrap, n, f"t{n}", kept)
@@ -219,12 +254,86 @@ def threads(pg, broker, total=1_200_000):
     return result
 
 
+def cli_timed(members_sql, timeout=600):
+    """Runs DuckDB 1.4.4 CLI processes at once, each `(database, sql)`: the wall time until the
+    last ends, and each one's JSON rows (their CPU is RUSAGE_CHILDREN's growth meanwhile)."""
+    import subprocess
+    t0 = time.time()
+    procs = [subprocess.Popen([cli_binary(), "-unsigned", "-json", db, "-c", sql],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for db, sql in members_sql]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=timeout)
+        if p.returncode != 0:
+            raise RuntimeError(stderr[-2000:])
+        out.append(json.loads(stdout) if stdout.strip() else [])
+    return time.time() - t0, out
+
+
+def start(pg, broker, rounds=3):
+    """A member's start: the DuckDB CLI loading DuckLake and postgres, attaching the lake and
+    loading the extension (DuckDB's part), then the same with a `subscribe` run over 12
+    partitions of 100 messages each that joins, claims, reads and commits once and ends
+    (non-follow). One member alone, then three at once (their claims contend). Wall and CPU
+    per member, the group join as the run's rows show it, and the catalog commits (DuckLake
+    snapshots) the start made."""
+    import resource
+    topic = "s" + uuid.uuid4().hex[:8]
+    broker.create_topic(topic, group.PARTITIONS)
+    send(broker.bootstrap, topic, messages(0, 100 * group.PARTITIONS, keyed=False))
+    prefix = lambda catalog, data: (f"SET extension_directory = '{lake.EXTENSION_DIRECTORY}'; "
+                                    f"{lake.setup_sql(catalog, data)} LOAD '{group.EXT}'; ")
+    snap = "SELECT count(*) FROM ducklake_snapshots('lake')"
+
+    def children_cpu():
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    best = {}
+    for rnd in range(rounds):
+        for n in (1, 3):
+            d, catalog, data, con = fresh(pg, f"start{n}-{rnd}")
+            con.execute("SELECT 1")
+            # DuckDB's part: the same process without the run.
+            c0 = children_cpu()
+            load_wall, _ = cli_timed([(str(d / f"l{i}.duckdb"), prefix(catalog, data) + "SELECT 1 AS x;")
+                                      for i in range(n)])
+            load_cpu = (children_cpu() - c0) / n
+            job = f"s{n}r{rnd}"
+            args = ", ".join(a.replace("=", " := ", 1) for a in job_args(broker.bootstrap, job, "",
+                                                                          "checkpoint_interval_ms=100"))
+            sql = (prefix(catalog, data) +
+                   f"SELECT partitions, elapsed_ms, status FROM streaming_etl_run('{topic}', 1000, 200, {args});")
+            before = con.execute(snap).fetchone()[0]
+            c0 = children_cpu()
+            wall, rows = cli_timed([(str(d / f"m{i}.duckdb"), sql) for i in range(n)])
+            cpu_s = (children_cpu() - c0) / n
+            snapshots = con.execute(snap).fetchone()[0] - before
+            con.close()
+            # The run's rows: one per cycle; the last one with no partition is the wait for the
+            # group's first assignment (the coordinator's, ±1 cycle).
+            joined = [max((r["elapsed_ms"] for r in rs if r["partitions"] == 0), default=0) for rs in rows]
+            run_ms = [rs[-1]["elapsed_ms"] for rs in rows]
+            row = {"members": n, "wall_s": round(wall, 2), "cpu_s": round(cpu_s, 2),
+                   "duckdb_load_attach_cpu_s": round(load_cpu, 2), "duckdb_load_attach_wall_s": round(load_wall, 2),
+                   "join_wait_ms": max(joined), "run_after_join_ms": max(r - j for r, j in zip(run_ms, joined)),
+                   "catalog_commits": snapshots}
+            if n not in best or row["cpu_s"] < best[n]["cpu_s"]:
+                best[n] = row
+    result = {"one": best[1], "three": best[3]}
+    print(json.dumps({"start": result}), flush=True)
+    return result
+
+
 def changes(pg, broker, count, seed=7):
     rnd = random.Random(seed)
     d, catalog, data, con = fresh(pg, f"changes-{broker.name}")
     topic = "m" + uuid.uuid4().hex[:8]
     broker.create_topic(topic, group.PARTITIONS)
     env = lake_env(catalog, data)
+    # Each member's partition tasks take their turns on two threads at once.
+    env["STREAMING_ETL_THREADS"] = "2"
     args = job_args(broker.bootstrap, "group", "", "follow=true", "max_runtime_ms=3600000",
                     "checkpoint_interval_ms=300")
     stop = threading.Event()
@@ -322,6 +431,8 @@ def main():
             results["cpu"] = cpu(pg, broker, 60_000 if quick else events)
         if only in (None, "threads"):
             results["threads"] = threads(pg, broker, 300_000 if quick else 1_200_000)
+        if only in (None, "start"):
+            results["start"] = start(pg, broker, 1 if quick else 3)
         if only in (None, "changes"):
             results["changes"] = changes(pg, broker, count)
     finally:

@@ -26,7 +26,9 @@ use streaming_etl_runtime::group::{
 
 use super::catalog::OutputCatalog;
 use super::insert::{insert_parts, insert_staged, Part, StagedPart, Verb};
-use super::lake::{compact, keep_in_files, with_retry, with_retry_for};
+use super::lake::{
+    compact, keep_in_files, restore_retry_wait, shorten_retry_wait, with_retry, with_retry_for,
+};
 use super::staged::{ensure_staged_table, Staging};
 use super::tables::{ensure_table, sink_error};
 use crate::host::connections::SharedConn;
@@ -94,6 +96,19 @@ pub struct LakeStore {
     commits: i64,
     /// The aggregates DuckDB computes over the job's staged events, if it has any.
     staging: Option<Staging>,
+    /// Whether DuckLake's retry wait was shortened on the connection (see `shorten_retry_wait`).
+    short_retry_wait: bool,
+}
+
+impl Drop for LakeStore {
+    fn drop(&mut self) {
+        if self.short_retry_wait {
+            let guard = self.conn.lock();
+            if let Ok(conn) = guard.conn() {
+                restore_retry_wait(conn);
+            }
+        }
+    }
 }
 
 impl LakeStore {
@@ -120,6 +135,7 @@ impl LakeStore {
             schemas: None,
             commits: 0,
             staging: None,
+            short_retry_wait: false,
         }
     }
 
@@ -493,6 +509,9 @@ impl PartitionStore for LakeStore {
     fn prepare(&mut self, schemas: &OutputSchemas) -> Result<()> {
         let guard = self.conn.lock();
         let conn = guard.conn()?;
+        if !self.short_retry_wait {
+            self.short_retry_wait = shorten_retry_wait(conn);
+        }
         let mut schemas = schemas.clone();
         schemas.windows = windows_with_partition(&schemas.windows);
         for (table, schema) in self.tables.as_ref().zip(schemas.as_ref()).iter() {
