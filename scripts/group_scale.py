@@ -19,7 +19,7 @@ PostgreSQL catalog from test/python/lake.py, a broker from test/python/brokers.p
 - start: a member's start in the DuckDB 1.4.4 CLI (loading DuckLake and postgres, attaching,
   loading the extension; then joining, claiming 12 partitions, one cycle, the end), alone and
   three at once: wall, CPU, the group's join wait and the catalog commits made.
-- changes: three members (DuckDB `threads = 2` each) while a producer writes; N membership changes at random (kill -9, a
+- changes: three members (the DuckDB 1.4.4 CLI, `threads = 2` each) while a producer writes; N membership changes at random (kill -9, a
   SIGSTOP past the session timeout then SIGCONT, a new member), each waited out; then the rows
   are compared with one straight single-process run: lost and doubled rows, and the pause from
   each kill to the next commit of the killed member's partitions by another member.
@@ -165,9 +165,12 @@ class CliMember:
         self.proc = subprocess.Popen([cli_binary(), "-unsigned", "-json", str(d / f"{name}.duckdb"), "-c", sql],
                                      stdout=subprocess.DEVNULL, stderr=self.err)
 
-    def stop(self):
+    def signal(self, sig):
         if self.proc.poll() is None:
-            self.proc.kill()
+            os.kill(self.proc.pid, sig)
+
+    def stop(self):
+        self.signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
 
     def stderr(self):
@@ -175,11 +178,18 @@ class CliMember:
         return open(self.err.name).read()
 
 
-def cpu(pg, broker, total=300_000):
-    topic = "u" + uuid.uuid4().hex[:8]
+def filled_topic(broker, prefix, total):
+    """A new topic of group.PARTITIONS partitions holding `total` messages (as sent: the mock
+    cluster may keep fewer)."""
+    topic = prefix + uuid.uuid4().hex[:8]
     broker.create_topic(topic, group.PARTITIONS)
     for start in range(0, total, 50_000):
         send(broker.bootstrap, topic, messages(start, 50_000))
+    return topic
+
+
+def cpu(pg, broker, total=300_000):
+    topic = filled_topic(broker, "u", total)
     want = ends(broker.bootstrap, topic)
     kept = kept_messages(broker.bootstrap, topic)
     result = {"messages_kept": kept}
@@ -232,10 +242,7 @@ def cli_member(d, catalog, data, topic, bootstrap, threads, job, messages_in):
 
 
 def threads(pg, broker, total=1_200_000):
-    topic = "t" + uuid.uuid4().hex[:8]
-    broker.create_topic(topic, group.PARTITIONS)
-    for start in range(0, total, 50_000):
-        send(broker.bootstrap, topic, messages(start, 50_000))
+    topic = filled_topic(broker, "t", total)
     kept = kept_messages(broker.bootstrap, topic)
     best = {}
     for rnd in range(3):
@@ -332,22 +339,28 @@ def changes(pg, broker, count, seed=7):
     topic = "m" + uuid.uuid4().hex[:8]
     broker.create_topic(topic, group.PARTITIONS)
     env = lake_env(catalog, data)
-    # Each member's partition tasks take their turns on two threads at once.
-    env["STREAMING_ETL_THREADS"] = "2"
     args = job_args(broker.bootstrap, "group", "", "follow=true", "max_runtime_ms=3600000",
                     "checkpoint_interval_ms=300")
     stop = threading.Event()
     produced = [0]
 
     def produce():
+        # 500 messages/s: the fullest partition (5 of the 40 keys) stays within the ~5 MB the
+        # mock cluster keeps of a partition over a run of 30 changes (checked at the end).
         while not stop.is_set():
-            send(broker.bootstrap, topic, messages(produced[0], 1000))
-            produced[0] += 1000
+            send(broker.bootstrap, topic, messages(produced[0], 250))
+            produced[0] += 250
             time.sleep(0.5)
 
     producer = threading.Thread(target=produce)
     producer.start()
-    members = [Member(d, f"m{i}", env, topic, args) for i in range(3)]
+
+    def new_member(name):
+        # In the DuckDB CLI, each member's partition tasks on two threads at once (DuckDB 1.4.4's
+        # Python would busy-poll a core per member, starving the others on two cores).
+        return CliMember(d, name, catalog, data, topic, args, threads=2)
+
+    members = [new_member(f"m{i}") for i in range(3)]
     names = 3
     done = {"kill": 0, "pause": 0, "join": 0}
     pauses = []
@@ -359,7 +372,7 @@ def changes(pg, broker, count, seed=7):
                                 (["join"] if len(alive) < 2 else ["kill", "pause"]))
             if action == "join":
                 names += 1
-                members.append(Member(d, f"m{names}", env, topic, args))
+                members.append(new_member(f"m{names}"))
                 wait_for(lambda: members[-1].proc.pid in owned(con, "group"), members, "the new member", timeout=300)
             else:
                 victim = max(alive, key=lambda m: owned(con, "group").get(m.proc.pid, 0))
@@ -372,7 +385,7 @@ def changes(pg, broker, count, seed=7):
                     # tansu 0.6 expires a silent member only while the group rebalances (after
                     # max.poll.interval.ms), not at its session timeout: a member joining makes it.
                     names += 1
-                    members.append(Member(d, f"m{names}", env, topic, args))
+                    members.append(new_member(f"m{names}"))
                     done["join"] += 1
 
                 def moved_and_committed():
@@ -396,6 +409,10 @@ def changes(pg, broker, count, seed=7):
         producer.join()
         for m in members:
             m.stop()
+    kept = kept_messages(broker.bootstrap, topic)
+    if kept != produced[0]:
+        raise RuntimeError(f"the broker kept {kept} of the {produced[0]} messages produced (retention): "
+                           "the straight run could not read what the members did, so the rows cannot be compared")
     got = tables(con, "")
     want = straight(d, env, con, broker.bootstrap, topic)
     from collections import Counter
