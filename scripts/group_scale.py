@@ -152,8 +152,9 @@ def kept_messages(bootstrap, topic):
         c.close()
 
 
-class CliMember:
-    """One member as a DuckDB 1.4.4 CLI process running a follow run (`threads` DuckDB threads)."""
+class CliMember(Member):
+    """One member as a DuckDB 1.4.4 CLI process running a follow run (`threads` DuckDB threads);
+    signalled, stopped and read as a Python member is."""
 
     def __init__(self, d, name, catalog, data, topic, args, threads=1):
         import subprocess
@@ -164,18 +165,6 @@ class CliMember:
         self.err = open(d / f"{name}.err", "w+")
         self.proc = subprocess.Popen([cli_binary(), "-unsigned", "-json", str(d / f"{name}.duckdb"), "-c", sql],
                                      stdout=subprocess.DEVNULL, stderr=self.err)
-
-    def signal(self, sig):
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-
-    def stop(self):
-        self.signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stderr(self):
-        self.err.flush()
-        return open(self.err.name).read()
 
 
 def filled_topic(broker, prefix, total):
