@@ -361,10 +361,7 @@ impl LakeStore {
             return self.try_commit_checked(conn, owner, parts, schemas);
         }
         self.write_rows(conn, parts, schemas)?;
-        streaming_etl_runtime::fault::crash_point("sink-before-commit");
-        conn.execute_batch("COMMIT")
-            .map_err(duck(&self.tables.windows))?;
-        Ok(Vec::new())
+        self.finish(conn)
     }
 
     /// A commit that reads the owners of its partitions first: the partitions that moved are
@@ -448,6 +445,11 @@ impl LakeStore {
             duckdb::params_from_iter(values),
         )
         .map_err(duck(st))?;
+        self.finish(conn)
+    }
+
+    /// Commits a commit's transaction (the fault hook just before it, for the kill tests).
+    fn finish(&self, conn: &Connection) -> Result<Vec<Moved>> {
         streaming_etl_runtime::fault::crash_point("sink-before-commit");
         conn.execute_batch("COMMIT")
             .map_err(duck(&self.tables.windows))?;

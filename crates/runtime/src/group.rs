@@ -426,9 +426,14 @@ impl GroupRun {
                 // the fetcher, not caught up: what it closed goes with the cycle's commit. A
                 // member working off a backlog would otherwise commit at every gap between
                 // two fetches (a catalog commit each).
-                let behind = self.tasks.values().any(Task::behind);
+                let behind: Vec<i32> = self
+                    .tasks
+                    .iter()
+                    .filter(|(_, t)| t.behind())
+                    .map(|(&p, _)| p)
+                    .collect();
                 let mut closed = false;
-                if !behind {
+                if behind.is_empty() {
                     for t in self.tasks.values_mut() {
                         closed |= t.engine.closed_windows_waiting()?;
                     }
@@ -440,8 +445,8 @@ impl GroupRun {
                 if let Some(s) = self.deadline_passed(row_due) {
                     break s;
                 }
-                if behind {
-                    self.wait_for_fetches(row_due);
+                if !behind.is_empty() {
+                    self.wait_for_fetches(&behind, row_due);
                     self.serve_group(Duration::ZERO)?;
                 } else {
                     self.serve_group(IDLE_WAIT)?;
@@ -466,22 +471,13 @@ impl GroupRun {
         Ok(!self.is_done())
     }
 
-    /// Waits, at most IDLE_WAIT and not past the cycle, for a fetch to reach a task that is
-    /// behind (each partition has its own queue: a short wait on each in turn).
-    fn wait_for_fetches(&mut self, row_due: Instant) {
+    /// Waits, at most IDLE_WAIT and not past the cycle, for a fetch to reach one of the tasks
+    /// that are `behind` (each partition has its own queue: a short wait on each in turn).
+    fn wait_for_fetches(&mut self, behind: &[i32], row_due: Instant) {
         let deadline = (Instant::now() + IDLE_WAIT).min(row_due);
-        let behind: Vec<i32> = self
-            .tasks
-            .iter()
-            .filter(|(_, t)| t.behind())
-            .map(|(&p, _)| p)
-            .collect();
-        if behind.is_empty() {
-            return;
-        }
-        let slice = (IDLE_WAIT / behind.len() as u32).max(Duration::from_millis(1));
+        let slice = (IDLE_WAIT / behind.len().max(1) as u32).max(Duration::from_millis(1));
         while Instant::now() < deadline {
-            for p in &behind {
+            for p in behind {
                 let Some(t) = self.tasks.get_mut(p) else {
                     continue;
                 };
@@ -534,10 +530,10 @@ impl GroupRun {
         let turns: Vec<(i32, Arc<Mutex<Turn>>)> = active
             .iter()
             .enumerate()
-            .filter(|&(i, _)| share(i) > 0)
             .filter_map(|(i, &p)| {
-                let task = self.tasks.remove(&p)?;
-                Some((p, Arc::new(Mutex::new(Turn::new(task, share(i))))))
+                let budget = share(i);
+                let task = (budget > 0).then(|| self.tasks.remove(&p)).flatten()?;
+                Some((p, Arc::new(Mutex::new(Turn::new(task, budget)))))
             })
             .collect();
         for (_, turn) in &turns {
