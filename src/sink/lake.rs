@@ -18,11 +18,15 @@ pub const COMMIT_ATTEMPTS: u32 = 8;
 /// Whether a failed write lost a race with another writer's commit, so that trying again can
 /// succeed: DuckLake's "Transaction conflict - ...", DuckDB's "Conflict on update", and any other
 /// failed DuckLake commit (several processes creating tables in one lake at once can also make
-/// DuckLake 1.4.4 fail a commit with "Failed to parse catalog entry"). A failed commit wrote
+/// DuckLake 1.4.4 fail a commit with "Failed to parse catalog entry"), and PostgreSQL's own
+/// word for two transactions that updated one catalog row at once ("could not serialize
+/// access", as members setting a table option at their start do). A failed commit wrote
 /// nothing, and a retry first asks the marker whether the batch is there.
 fn is_conflict(e: &EtlError) -> bool {
     let text = e.to_string().to_ascii_lowercase();
-    text.contains("conflict") || text.contains("failed to commit ducklake transaction")
+    text.contains("conflict")
+        || text.contains("failed to commit ducklake transaction")
+        || text.contains("could not serialize access")
 }
 
 /// How long a write that conflicts is tried again.
@@ -177,36 +181,40 @@ pub(crate) fn compact(
     })
 }
 
-/// Keeps `table`'s rows out of the catalog's inlined data, whatever the lake's
+/// Keeps the rows of `tables` out of the catalog's inlined data, whatever the lake's
 /// `DATA_INLINING_ROW_LIMIT`: DuckLake 1.4 takes any two commits that delete inlined rows of one
 /// table as a conflict, whichever rows they are, so the tables the members of a group all
 /// delete from (their state rows, staged events, merged windows) would make every commit of one
 /// member conflict with every other's. In files, commits conflict only where they delete rows
-/// of the same file. A table option, stored in the catalog; set once.
-pub(crate) fn keep_in_files(conn: &Connection, catalog: &str, table: &str) -> Result<()> {
-    let Some((schema, bare)) = lake_table(catalog, table) else {
+/// of the same file. A table option, stored in the catalog; set by every member at its start:
+/// DuckLake reads its options into the attached catalog once, at ATTACH, and only a member's
+/// own `set_option` updates that copy, so a member that attached before another set the option
+/// would still inline (and, a BLOB inlined on PostgreSQL, fail its commit). `set_option` writes
+/// the catalog's metadata table directly, no snapshot: two catalog statements a table, all of
+/// `tables` in one transaction.
+pub(crate) fn keep_in_files(conn: &Connection, catalog: &str, tables: &[String]) -> Result<()> {
+    let calls: Vec<String> = tables
+        .iter()
+        .filter_map(|table| lake_table(catalog, table))
+        .map(|(schema, bare)| {
+            format!(
+                "CALL {}.set_option('data_inlining_row_limit', 0, schema => {}, table_name => {});",
+                quote_ident(catalog),
+                lit(&schema),
+                lit(&bare)
+            )
+        })
+        .collect();
+    if calls.is_empty() {
         return Ok(());
-    };
-    let set: i64 = conn
-        .query_row(
-            &format!(
-                "SELECT count(*) FROM ducklake_options({}) WHERE option_name = 'data_inlining_row_limit' AND scope = 'TABLE' AND scope_entry = ? AND value = '0'",
-                lit(catalog)
-            ),
-            duckdb::params![format!("{schema}.{bare}")],
-            |r| r.get(0),
-        )
-        .map_err(|e| sink_error(table, e))?;
-    if set == 0 {
-        conn.execute_batch(&format!(
-            "CALL {}.set_option('data_inlining_row_limit', 0, schema => {}, table_name => {})",
-            quote_ident(catalog),
-            lit(&schema),
-            lit(&bare)
-        ))
-        .map_err(|e| sink_error(table, format!("keeping it out of inlined data: {e}")))?;
     }
-    Ok(())
+    conn.execute_batch(&format!("BEGIN TRANSACTION; {} COMMIT", calls.join(" ")))
+        .map_err(|e| {
+            sink_error(
+                &tables.join(", "),
+                format!("keeping it out of inlined data: {e}"),
+            )
+        })
 }
 
 #[cfg(test)]
@@ -246,6 +254,19 @@ mod tests {
             err.starts_with("writing to table lake.windows: the commit failed 8 times in a row (conflicting with other writers, or refused by the catalog)"),
             "{err}"
         );
+
+        // PostgreSQL's serialization failure is a lost race too.
+        let mut tries = 0;
+        assert!(with_retry("lake.t", || {
+            tries += 1;
+            if tries < 2 {
+                Err(sink_error("lake.t", "Failed to insert config option in DuckLake: Failed to execute query \"UPDATE ...\": ERROR:  could not serialize access due to concurrent update"))
+            } else {
+                Ok(())
+            }
+        })
+        .is_ok());
+        assert_eq!(tries, 2);
 
         // Any other failure is not retried.
         let mut tries = 0;

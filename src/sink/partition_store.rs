@@ -559,13 +559,12 @@ impl PartitionStore for LakeStore {
         if self.mode == WriteMode::Upsert {
             deleted_from.push(self.tables.windows.clone());
         }
-        for table in &deleted_from {
-            with_retry(table, || {
-                keep_in_files(conn, &self.catalog.name, table).inspect_err(|_| {
-                    let _ = conn.execute_batch("ROLLBACK");
-                })
-            })?;
-        }
+        // Members starting at once update the same catalog rows: retried as commits are.
+        with_retry_for(st, CONTENDED_FOR, || {
+            keep_in_files(conn, &self.catalog.name, &deleted_from).inspect_err(|_| {
+                let _ = conn.execute_batch("ROLLBACK");
+            })
+        })?;
         self.schemas = Some(schemas);
         Ok(())
     }

@@ -279,7 +279,7 @@ def test_partition_tasks_on_one_or_several_threads_write_the_same_rows(tmp_path,
 def test_a_lake_that_inlines_rows_keeps_what_members_delete_from_in_files(tmp_path, postgres, mock):
     """A lake whose `data_inlining_row_limit` is set: DuckLake 1.4 takes any two
     commits that delete inlined rows of one table as a conflict, so the state table and the
-    merged windows table are kept in files (a table option the first member sets). Inlined, every
+    merged windows table are kept in files (a table option every member sets). Inlined, every
     two members' commits conflicted until the run failed; kept in files, two members at once, in
     pieces, end with the rows of one straight run."""
     topic = "i" + uuid.uuid4().hex[:8]
@@ -291,6 +291,13 @@ def test_a_lake_that_inlines_rows_keeps_what_members_delete_from_in_files(tmp_pa
     for piece in range(2):
         send(mock.bootstrap, topic, messages(piece * 3000, 3000, seed=13, keyed=False))
         bounded_runs(tmp_path, [f"i{piece}{i}" for i in range(2)], env, topic, args)
+    # A member that attached the lake before the others set the option: DuckLake read the lake's
+    # options at its ATTACH, so only its own set_option keeps its commits out of inlined data
+    # (inlined, its state row's BLOB failed every commit on PostgreSQL).
+    send(mock.bootstrap, topic, messages(6000, 3000, seed=13, keyed=False))
+    named = "".join(f", {a.split('=', 1)[0]} := {a.split('=', 1)[1]}" for a in args)
+    rows = con.execute(f"SELECT status FROM streaming_etl_run('{topic}', 1000, 200{named})").fetchall()
+    assert rows[-1] == ("caught_up",), rows
     bounded_runs(tmp_path, ["last"], env, topic, args)
     options = con.execute("SELECT DISTINCT scope_entry FROM ducklake_options('lake') WHERE option_name = 'data_inlining_row_limit' "
                           "AND scope = 'TABLE' AND value = '0' ORDER BY 1").fetchall()
