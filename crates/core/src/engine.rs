@@ -21,6 +21,10 @@ use crate::shard::{shard_of, Op, Shard, ShardWork, Windows};
 use crate::state::Batch;
 use crate::watermark::{PartitionClock, Watermarks};
 
+/// Where a partition stands in the event-time merge: its largest event time so far, then its
+/// index (the partition with the least goes next).
+pub(crate) type OrderKey = (i64, usize);
+
 /// Running totals of a run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Counters {
@@ -537,8 +541,25 @@ impl Engine {
     }
 
     #[inline]
-    pub(crate) fn order_key(&self, idx: usize) -> (i64, usize) {
+    pub(crate) fn order_key(&self, idx: usize) -> OrderKey {
         (self.marks.max_event_time_ms(idx).unwrap_or(i64::MIN), idx)
+    }
+
+    /// The partition to read next (the least order key among those not `exhausted`), and the
+    /// order key it may run up to before another partition comes first.
+    pub(crate) fn in_order(&self, exhausted: &[bool]) -> (Option<OrderKey>, Option<OrderKey>) {
+        let mut best: Option<OrderKey> = None;
+        let mut second: Option<OrderKey> = None;
+        for (idx, _) in exhausted.iter().enumerate().filter(|(_, &done)| !done) {
+            let k = self.order_key(idx);
+            if best.is_none_or(|b| k < b) {
+                second = best;
+                best = Some(k);
+            } else if second.is_none_or(|s| k < s) {
+                second = Some(k);
+            }
+        }
+        (best, second)
     }
 
     /// Processes one message of the partition at `idx` by itself (tests).

@@ -207,22 +207,7 @@ fn read(
         }
         // The partition to read next, and the order key it may run up to before another
         // partition comes first.
-        let mut best: Option<(i64, usize)> = None;
-        let mut second: Option<(i64, usize)> = None;
-        for (idx, _) in state
-            .exhausted
-            .iter()
-            .enumerate()
-            .filter(|(_, &done)| !done)
-        {
-            let k = engine.order_key(idx);
-            if best.is_none_or(|b| k < b) {
-                second = best;
-                best = Some(k);
-            } else if second.is_none_or(|s| k < s) {
-                second = Some(k);
-            }
-        }
+        let (best, second) = engine.in_order(&state.exhausted);
         let Some((_, idx)) = best else {
             // Every partition is caught up.
             absorb_gaps(engine, source);
@@ -255,10 +240,14 @@ fn read(
         let budget = remaining
             .min(cycle_left)
             .min(u64::from(CLOCK_EVERY - since_clock));
-        let (pulled, merged) =
-            state
-                .ahead
-                .deliver(idx, source, engine, budget.max(1) as usize, second)?;
+        let (pulled, merged, idx) = state.ahead.deliver(
+            idx,
+            source,
+            engine,
+            budget.max(1) as usize,
+            second,
+            &state.exhausted,
+        )?;
         let merged_u64 = merged as u64;
         remaining -= merged_u64.min(remaining);
         cycle_left = cycle_left.saturating_sub(merged_u64);

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::chunk::{Chunk, Lent, Spare};
 use crate::config::EngineConfig;
-use crate::engine::Engine;
+use crate::engine::{Engine, OrderKey};
 use crate::error::{EtlError, Result};
 use crate::parse::ChunkParser;
 use crate::source::{Pull, Source};
@@ -173,18 +173,23 @@ impl ReadAhead {
         Ok(Some(Arc::new(Lent::new(chunk, Arc::clone(&self.spare)))))
     }
 
-    /// Merges up to `budget` of the partition's messages, in order, until another partition
-    /// comes first (its order key is `second`) or nothing more is there for now. Returns how it
-    /// stopped (Paused: it may go on) and how many it merged.
+    /// Merges up to `budget` messages in order, starting with partition `idx`'s, until another
+    /// partition comes first (its order key is `second`) or nothing more is there for now. When
+    /// another comes first and its next message is already here, the merge goes on with it
+    /// (partitions whose events interleave would otherwise switch through the caller at every
+    /// message); `exhausted` says which partitions the caller still reads. Returns how it
+    /// stopped (Paused: it may go on), how many it merged, and the partition it stopped in.
     pub(crate) fn deliver(
         &mut self,
-        idx: usize,
+        mut idx: usize,
         source: &mut dyn Source,
         engine: &mut Engine,
         budget: usize,
-        second: Option<(i64, usize)>,
-    ) -> Result<(Pull, usize)> {
+        mut second: Option<OrderKey>,
+        exhausted: &[bool],
+    ) -> Result<(Pull, usize, usize)> {
         let mut merged = 0;
+        let mut arrived = true;
         loop {
             let (lent, mut pos) = match self.lane(idx).current.take() {
                 Some(current) => current,
@@ -192,21 +197,26 @@ impl ReadAhead {
                     self.fill(idx, source, engine)?;
                     match self.next_chunk(idx, engine)? {
                         Some(c) => (c, 0),
-                        None => return Ok((Pull::Exhausted, merged)),
+                        None => return Ok((Pull::Exhausted, merged, idx)),
                     }
                 }
             };
-            if merged == 0 {
+            if arrived {
                 engine.delivered(idx);
+                arrived = false;
             }
             let len = lent.chunk.len();
-            let mut paused = false;
+            let (mut spent, mut overtaken) = (false, false);
             while pos < len {
                 engine.merge(idx, &lent, pos);
                 pos += 1;
                 merged += 1;
-                if merged == budget || second.is_some_and(|s| engine.order_key(idx) >= s) {
-                    paused = true;
+                if merged == budget {
+                    spent = true;
+                    break;
+                }
+                if second.is_some_and(|s| engine.order_key(idx) >= s) {
+                    overtaken = true;
                     break;
                 }
             }
@@ -217,12 +227,30 @@ impl ReadAhead {
                 // Keep the partition's pipeline full while the merge goes on.
                 self.fill(idx, source, engine)?;
             }
-            if paused {
-                return Ok((Pull::Paused, merged));
+            if spent {
+                return Ok((Pull::Paused, merged, idx));
+            }
+            if overtaken {
+                // The caller would pick the same partition next (among the same ones); only
+                // one whose chunk is at hand is taken here, the rest (reading, waiting, its
+                // end) are the caller's.
+                let (best, after) = engine.in_order(exhausted);
+                match best {
+                    Some((_, next))
+                        if next != idx
+                            && self.lanes.get(next).is_some_and(|l| l.current.is_some()) =>
+                    {
+                        idx = next;
+                        second = after;
+                        arrived = true;
+                        continue;
+                    }
+                    _ => return Ok((Pull::Paused, merged, idx)),
+                }
             }
             let lane = self.lane(idx);
             if lane.source_done && lane.pending.is_empty() && lane.current.is_none() {
-                return Ok((Pull::Exhausted, merged));
+                return Ok((Pull::Exhausted, merged, idx));
             }
         }
     }
