@@ -1032,24 +1032,31 @@ mod tests {
         }
     }
 
+    /// The next number of a xorshift sequence (the tests' random digits, the same every run).
+    fn xorshift(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
+    fn random_digits(x: &mut u64, len: usize) -> String {
+        (0..len)
+            .map(|_| char::from(b'0' + (xorshift(x) % 10) as u8))
+            .collect()
+    }
+
     #[test]
     fn integers_of_every_length_parse_as_the_standard_library_does() {
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         for len in 1..=20usize {
             for round in 0..200 {
-                let mut text = String::new();
-                for k in 0..len {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    // Every digit somewhere, and runs of 9s and 0s at the edges.
-                    let d = match round {
-                        0 => 9,
-                        1 => u64::from(k > 0) * 9,
-                        _ => x % 10,
-                    };
-                    text.push(char::from(b'0' + d as u8));
-                }
+                // Runs of 9s and a leading 0 at the edges, then random digits.
+                let text = match round {
+                    0 => "9".repeat(len),
+                    1 => format!("0{}", "9".repeat(len - 1)),
+                    _ => random_digits(&mut x, len),
+                };
                 for t in [text.clone(), format!("-{text}")] {
                     assert_eq!(parse_i64(t.as_bytes()), t.parse::<i64>().ok(), "{t}");
                 }
@@ -1062,14 +1069,8 @@ mod tests {
         let mut x: u64 = 0x2545_f491_4f6c_dd1d;
         for len in 1..=18usize {
             for round in 0..300 {
-                let mut text = String::new();
-                for _ in 0..len {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    text.push(char::from(b'0' + (x % 10) as u8));
-                }
-                let dot = (x as usize >> 8) % (len + 1);
+                let mut text = random_digits(&mut x, len);
+                let dot = xorshift(&mut x) as usize % (len + 1);
                 if dot > 0 && dot < len {
                     text.insert(dot, '.');
                 }
