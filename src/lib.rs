@@ -14,12 +14,13 @@ mod host;
 mod params;
 mod sink;
 mod source;
+mod sql;
 
 use duckdb::Connection;
 
 use crate::functions::batch::{self, BatchFunction};
 use crate::functions::checkpoint::CheckpointFunction;
-use crate::functions::run::RunFunction;
+use crate::functions::run::{ParameterForm, RunFunction, SqlForm};
 use crate::host::connections::{Host, POOL_SIZE};
 
 // `streaming_etl_init_c_api`, the entrypoint DuckDB calls on `LOAD streaming_etl`: it registers
@@ -47,8 +48,19 @@ pub(crate) fn load(conn: Connection) -> Result<(), String> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(fail)?;
     let host = Host::start(conns, db_path);
-    conn.register_table_function_with_extra_info::<RunFunction, _>("streaming_etl_run", &host)
-        .map_err(fail)?;
+    conn.register_table_function_with_extra_info::<RunFunction<ParameterForm>, _>(
+        "streaming_etl_run",
+        &host,
+    )
+    .map_err(fail)?;
+    // A job written as SQL. DuckDB's C API keeps one signature per table function name (a
+    // second registration under `streaming_etl_run` is not an overload), so it is a sibling
+    // with the same named parameters.
+    conn.register_table_function_with_extra_info::<RunFunction<SqlForm>, _>(
+        "streaming_etl_sql",
+        &host,
+    )
+    .map_err(fail)?;
     conn.register_table_function_with_extra_info::<CheckpointFunction, _>(
         "streaming_etl_checkpoint",
         &host,

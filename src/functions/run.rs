@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::error::Error;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use duckdb::core::{DataChunkHandle, LogicalTypeHandle};
@@ -27,7 +28,13 @@ use crate::host::connections::{Host, SharedConn};
 use crate::host::entry;
 use crate::host::resolver::DuckResolver;
 use crate::host::sql_error::contained;
-use crate::params::{parse_run, RunPlan, SourceSpec, Start, RUN_PARAMS};
+use crate::host::args::{Arg, Args};
+use crate::params::{
+    parse_run, ParamType, RunPlan, SourceSpec, Start, TableName, RUN_PARAMS, RUN_POSITIONAL,
+    RUN_SQL_POSITIONAL,
+};
+use crate::sink::sql_cycle::SqlOutput;
+use crate::sql::SqlJob;
 use crate::sink::catalog::OutputCatalog;
 use crate::sink::duck_sink::DuckSink;
 use crate::sink::partition_store::{windows_with_partition, LakeStore};
@@ -104,12 +111,32 @@ pub const RUN_COLUMNS: &[ResultColumn<RunStats>] = &[
     },
 ];
 
-pub struct RunFunction;
+/// The form of a call: `streaming_etl_run(topic, window_ms, lateness_ms, ...)`, or a job written
+/// as SQL, `streaming_etl_run(topic, sql, ...)` (an overload of the same function).
+pub trait Form: Send + Sync + 'static {
+    const POSITIONAL: &'static [ParamType];
+}
+
+pub struct ParameterForm;
+
+impl Form for ParameterForm {
+    const POSITIONAL: &'static [ParamType] = RUN_POSITIONAL;
+}
+
+pub struct SqlForm;
+
+impl Form for SqlForm {
+    const POSITIONAL: &'static [ParamType] = RUN_SQL_POSITIONAL;
+}
+
+pub struct RunFunction<F: Form>(PhantomData<F>);
 
 pub struct RunBind {
     plan: Arc<RunPlan>,
     /// The catalog the output tables are in.
     catalog: OutputCatalog,
+    /// A job written as SQL: its statement, planned.
+    sql: Option<Arc<SqlJob>>,
 }
 
 /// A run of either kind: one process's (state in the SQLite checkpoint) or a consumer group
@@ -148,7 +175,12 @@ pub struct RunInit {
 /// Opens what a run needs, in an order that never leaves a half-started job behind: the job's
 /// lock first, then its checkpoint, then one of the extension's connections (waiting while all
 /// are in use); the source opens inside `Run::start`, once the checkpoint says where to resume.
-fn start(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Result<AnyRun> {
+fn start(
+    plan: &RunPlan,
+    catalog: &OutputCatalog,
+    sql: Option<&SqlJob>,
+    host: &Arc<Host>,
+) -> Result<AnyRun> {
     if plan.subscribe {
         return start_group(plan, catalog, host).map(|r| AnyRun::Group(Box::new(r)));
     }
@@ -165,20 +197,7 @@ fn start(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Result<An
     };
     let conn = SharedConn::new(host.checkout()?);
     let job = with_resolver(job, &conn);
-    let staging = Staging::of(
-        &job.engine,
-        staged_table(&plan.tables.windows).sql(),
-        &job.engine.schemas().windows,
-        false,
-    );
-    let sink = DuckSink::new(
-        conn,
-        plan.write_mode,
-        &plan.tables,
-        catalog.clone(),
-        plan.compaction,
-    )
-    .with_staging(staging);
+    let sink = single_sink(plan, catalog, sql, conn);
     Run::start(
         Arc::new(job),
         RunEnv {
@@ -323,6 +342,95 @@ fn source_opener(plan: &RunPlan) -> SourceOpener {
     })
 }
 
+/// The sink of a run in one process: the job's tables, the staged events of the aggregates
+/// DuckDB computes, a job written as SQL's statement.
+fn single_sink(
+    plan: &RunPlan,
+    catalog: &OutputCatalog,
+    sql: Option<&SqlJob>,
+    conn: SharedConn,
+) -> DuckSink {
+    let engine = &plan.job.engine;
+    let windows = engine.schemas().windows;
+    let staging = Staging::of(
+        engine,
+        staged_table(&plan.tables.windows).sql(),
+        &windows,
+        false,
+    );
+    let sql = sql
+        .and_then(|j| j.statements.first())
+        .map(|s| SqlOutput::new(s, engine, &windows, false));
+    DuckSink::new(
+        conn,
+        plan.write_mode,
+        &plan.tables,
+        catalog.clone(),
+        plan.compaction,
+    )
+    .with_staging(staging)
+    .with_sql(sql)
+}
+
+/// Plans a job written as SQL with DuckDB (its typed columns, then its statement, which sets
+/// the job's windows, keys and aggregates); its target takes the windows table's place, with
+/// the late events and dead letters beside it unless they are named. The job's settings then
+/// include the statement, and a checkpoint of the job with others is refused here, before
+/// anything is created.
+fn bind_sql(host: &Arc<Host>, args: &dyn Args, plan: &mut RunPlan, text: &str) -> Result<SqlJob> {
+    let pooled = host.checkout()?;
+    let conn = pooled.conn()?;
+    bind_typed(conn, &mut plan.job.engine)?;
+    let given = crate::sql::Given {
+        text,
+        windows_table: &plan.tables.windows,
+        subscribe: plan.subscribe,
+    };
+    let job = crate::sql::plan(conn, &given, &mut plan.job.engine)?;
+    if let Some(target) = job.statements.first().map(|s| s.target.clone()) {
+        let named = |p: &str| args.named(p).is_some_and(|a| !matches!(a, Arg::Null));
+        if !named("late_table") {
+            plan.tables.late = target.sibling("late_events");
+        }
+        if !named("dead_letter_table") {
+            plan.tables.dead = target.sibling("dead_letters");
+        }
+        plan.tables.windows = target;
+    }
+    plan.job.tables = plan.tables.as_ref().map(TableName::sql);
+    plan.rebind_settings(Some(job.setting()));
+    if let CheckpointLocation::File(path) = &plan.job.checkpoint {
+        if let Some(stored) = Checkpoint::stored_settings(path, &plan.job.job) {
+            if let Some((setting, stored, requested)) = stored.first_difference(&plan.job.settings) {
+                return Err(EtlError::SettingsChanged {
+                    job: plan.job.job.clone(),
+                    setting,
+                    stored,
+                    requested,
+                });
+            }
+        }
+    }
+    Ok(job)
+}
+
+/// Creates the job's output tables at bind time, once every argument is checked. DuckDB keeps a
+/// committed `CREATE` (and the checkpoint lock it holds) until every transaction that began
+/// before it has ended: created while the calling statement runs, the tables would hold back
+/// DuckDB's checkpoints until it ends (a `follow` job: never). Hosts bind a statement in a
+/// transaction of its own before they run it (prepare, then execute), so tables created here
+/// are older than the statement's run, as an earlier run's are.
+fn create_tables(
+    host: &Arc<Host>,
+    plan: &RunPlan,
+    catalog: &OutputCatalog,
+    sql: Option<&SqlJob>,
+) -> Result<()> {
+    use streaming_etl_runtime::sink::OutputSink;
+    let mut sink = single_sink(plan, catalog, sql, SharedConn::new(host.checkout()?));
+    sink.prepare(&plan.job.tables, &plan.job.engine.schemas())
+}
+
 /// The one catalog of the run's output tables (checked at bind time: a cycle commits in one
 /// transaction, which writes one catalog), and that compaction asks for a DuckLake.
 fn output_catalog(host: &Arc<Host>, plan: &RunPlan) -> Result<OutputCatalog> {
@@ -353,7 +461,7 @@ fn output_catalog(host: &Arc<Host>, plan: &RunPlan) -> Result<OutputCatalog> {
     Ok(catalog)
 }
 
-impl VTab for RunFunction {
+impl<F: Form> VTab for RunFunction<F> {
     type InitData = RunInit;
     type BindData = RunBind;
 
@@ -363,17 +471,26 @@ impl VTab for RunFunction {
             let host = entry::bind_host(bind).ok_or(EtlError::Detached)?;
             host.touch();
             let mut plan = parse_run(bind, host.db_path())?;
-            if !plan.job.engine.columns.is_empty() {
-                // DuckDB's binder types the columns and aggregates before anything is read.
-                let pooled = host.checkout()?;
-                bind_typed(pooled.conn()?, &mut plan.job.engine)?;
-                plan.rebind_settings();
-            }
+            let sql = match plan.sql.clone() {
+                Some(text) => Some(bind_sql(&host, bind, &mut plan, &text)?),
+                None if !plan.job.engine.columns.is_empty() => {
+                    // DuckDB's binder types the columns and aggregates before anything is read.
+                    let pooled = host.checkout()?;
+                    bind_typed(pooled.conn()?, &mut plan.job.engine)?;
+                    plan.rebind_settings(None);
+                    None
+                }
+                None => None,
+            };
             add_columns(bind, RUN_COLUMNS);
             let catalog = output_catalog(&host, &plan)?;
+            if !plan.subscribe {
+                create_tables(&host, &plan, &catalog, sql.as_ref())?;
+            }
             Ok(RunBind {
                 plan: Arc::new(plan),
                 catalog,
+                sql: sql.map(Arc::new),
             })
         })?)
     }
@@ -400,7 +517,12 @@ impl VTab for RunFunction {
                 // A failed start leaves nothing running; the error ends the statement.
                 *state = State::Done;
                 let bound = func.get_bind_data();
-                *state = State::Running(start(&bound.plan, &bound.catalog, &host)?);
+                *state = State::Running(start(
+                    &bound.plan,
+                    &bound.catalog,
+                    bound.sql.as_deref(),
+                    &host,
+                )?);
             }
             let State::Running(run) = &mut *state else {
                 output.set_len(0);
@@ -426,7 +548,7 @@ impl VTab for RunFunction {
 
     fn parameters() -> Option<Vec<LogicalTypeHandle>> {
         Some(
-            crate::params::RUN_POSITIONAL
+            F::POSITIONAL
                 .iter()
                 .map(|&ty| crate::host::param_types::logical_type(ty))
                 .collect(),

@@ -6,8 +6,7 @@
 use duckdb::Connection;
 use streaming_etl_core::{EngineConfig, EtlError, Repr, Result};
 
-use crate::params::{quote_ident, EVENT_TIME};
-use crate::sink::staged::transform_spec;
+use crate::params::{quote_ident, transform_spec, EVENT_TIME};
 
 /// The first lines of DuckDB's message (not the statement of the extension's own it quotes).
 fn message(e: &duckdb::Error) -> String {

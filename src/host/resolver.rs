@@ -10,7 +10,7 @@ use streaming_etl_core::{Cell, ColumnType, Resolver, Rows};
 use crate::host::connections::SharedConn;
 
 use crate::functions::batch::{self, Lent};
-use crate::sink::staged::transform_spec;
+use crate::params::transform_spec;
 
 pub struct DuckResolver {
     conn: SharedConn,

@@ -21,5 +21,5 @@ pub use kafka::{KafkaParams, RegistryParams};
 pub use output::{Compaction, WriteMode};
 pub use run::{parse_run, RunPlan};
 pub use source::{SourceSpec, Start};
-pub use sql_name::{quote_ident, TableName};
+pub use sql_name::{quote_ident, quote_literal, transform_spec, TableName};
 pub use table::*;

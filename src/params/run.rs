@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use streaming_etl_core::{
-    ByTable, EngineConfig, EtlError, Result, Schemas, TimeSpec, DEFAULT_KEY_FIELD,
+    AggSpec, ByTable, EngineConfig, EtlError, Result, Schemas, TimeSpec, DEFAULT_KEY_FIELD,
 };
 use streaming_etl_runtime::config::JobConfig;
 
@@ -43,16 +43,22 @@ pub struct RunPlan {
     pub tables: ByTable<TableName>,
     /// DuckLake output: compact its files every so many cycles.
     pub compaction: Option<Compaction>,
+    /// The SQL form: the job's statements as given (planned at bind time, with DuckDB).
+    pub sql: Option<String>,
+    /// The sources' and sinks' own settings that the checkpoint keeps beside the engine's.
+    pub adapters: BTreeMap<String, String>,
 }
 
 impl RunPlan {
-    /// The job's settings again, once DuckDB's binder normalized its typed columns' types.
-    pub fn rebind_settings(&mut self) {
-        let extra = &mut self.job.settings.extra;
-        match self.job.engine.columns_setting() {
-            Some(c) => extra.insert("columns".into(), c),
-            None => extra.remove("columns"),
-        };
+    /// The job's settings again, once DuckDB's binder normalized its typed columns' types (and,
+    /// for the SQL form, once its statements set the windows, keys and aggregates: `sql` is
+    /// what the settings keep of them).
+    pub fn rebind_settings(&mut self, sql: Option<String>) {
+        let mut adapters = self.adapters.clone();
+        if let Some(sql) = sql {
+            adapters.insert("sql".into(), sql);
+        }
+        self.job.settings = self.job.engine.job_settings(&self.job.source, adapters);
     }
 }
 
@@ -78,19 +84,54 @@ fn run_threads(args: &dyn Args) -> usize {
 /// Parses and checks the arguments of `streaming_etl_run`.
 pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let (topic, source) = parse_topic(args)?;
-    let window_ms = required_int("window_ms", args.positional(1))?;
-    if window_ms <= 0 {
-        return Err(EtlError::invalid("window_ms", "must be > 0", window_ms));
-    }
-    let lateness_ms = required_int("lateness_ms", args.positional(2))?;
-    if lateness_ms < 0 {
-        return Err(EtlError::invalid(
-            "lateness_ms",
-            "must be >= 0",
-            lateness_ms,
-        ));
-    }
     let given = Given::read(args, RUN_PARAMS);
+    let sql = match args.positional(1) {
+        Some(Arg::Text(text)) => Some(text),
+        _ => None,
+    };
+    let (window_ms, lateness_ms) = match &sql {
+        // The statement says the window; the placeholder is replaced at bind time.
+        Some(_) => {
+            if let Some(p) = PARAMETER_FORM_ONLY.iter().find(|&&p| given.get(p).is_some()) {
+                return Err(EtlError::invalid(
+                    given.name(*p),
+                    "belongs to the parameter form, streaming_etl_run(topic, window_ms, lateness_ms, ...); a job written as SQL says it in its statement",
+                    given.get(*p).map(shown).unwrap_or_default(),
+                ));
+            }
+            let lateness = match given.get(ParamId::LatenessMs) {
+                None => 0,
+                Some(Arg::Int(l)) if *l >= 0 => *l,
+                Some(Arg::Int(l)) => return Err(EtlError::invalid("lateness_ms", "must be >= 0", l)),
+                Some(other) => {
+                    return Err(EtlError::invalid("lateness_ms", "must be an integer", shown(other)))
+                }
+            };
+            (1, lateness)
+        }
+        None => {
+            let window_ms = required_int("window_ms", args.positional(1))?;
+            if window_ms <= 0 {
+                return Err(EtlError::invalid("window_ms", "must be > 0", window_ms));
+            }
+            let lateness_ms = required_int("lateness_ms", args.positional(2))?;
+            if lateness_ms < 0 {
+                return Err(EtlError::invalid(
+                    "lateness_ms",
+                    "must be >= 0",
+                    lateness_ms,
+                ));
+            }
+            if let Some(l) = given.get(ParamId::LatenessMs) {
+                return Err(EtlError::invalid(
+                    "lateness_ms",
+                    "is the third argument of streaming_etl_run(topic, window_ms, lateness_ms, ...); the named form is for a job written as SQL",
+                    shown(l),
+                ));
+            }
+            (window_ms, lateness_ms)
+        }
+    };
     let sandbox = Sandbox::read(args);
     let is_kafka = matches!(source, SourceSpec::Kafka { .. });
     let (other, why) = if is_kafka {
@@ -128,8 +169,10 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let tables = parse_tables(&given)?;
     let window = parse_window(&given, window_ms)?;
     let columns = parse_columns(&given)?;
-    let (keys, default_key, aggregates) =
-        parse_keys_and_aggregates(&given, &key_field, &value_field, &columns)?;
+    let (keys, default_key, aggregates) = match &sql {
+        Some(_) => (Vec::new(), false, AggSpec::defaults(&value_field)),
+        None => parse_keys_and_aggregates(&given, &key_field, &value_field, &columns)?,
+    };
     let (time_format, time_zone, kafka_timestamp) = parse_time(&given)?;
     let format = parse_format(&given, is_kafka)?;
     let (emit, late_updates_ms) = parse_emit(&given, window)?;
@@ -156,8 +199,10 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         late_updates_ms,
         columns,
         resolver: Default::default(),
+        stage_all: false,
+        typed_inputs: false,
     };
-    if engine.revisions() {
+    if engine.revisions() && sql.is_none() {
         check_revision_columns(&given, &engine)?;
     }
     let rolling = parse_files(&given)?;
@@ -186,7 +231,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
             ));
         }
     }
-    let settings = engine.job_settings(&topic, adapters);
+    let settings = engine.job_settings(&topic, adapters.clone());
     let job_config = JobConfig {
         job: job.clone(),
         source: topic,
@@ -220,6 +265,8 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         ));
     }
     Ok(RunPlan {
+        sql,
+        adapters,
         subscribe,
         compaction,
         write_mode,

@@ -76,6 +76,17 @@ impl TableName {
     }
 }
 
+/// A DuckDB type as the JSON string `json_transform_strict` takes, as an SQL literal.
+pub fn transform_spec(sql_type: &str) -> String {
+    let json = serde_json::Value::String(sql_type.to_string()).to_string();
+    format!("'{}'", json.replace('\'', "''"))
+}
+
+/// A string literal.
+pub fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
 /// An identifier in double quotes.
 pub fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))

@@ -100,6 +100,7 @@ pub enum ParamId {
     Emit,
     LateUpdatesMs,
     Columns,
+    LatenessMs,
 }
 
 /// One named parameter.
@@ -152,6 +153,19 @@ impl Param {
 pub const RUN_POSITIONAL: &[ParamType] =
     &[ParamType::Varchar, ParamType::BigInt, ParamType::BigInt];
 
+/// The positional parameters of its SQL form, `streaming_etl_run(topic, sql)`.
+pub const RUN_SQL_POSITIONAL: &[ParamType] = &[ParamType::Varchar, ParamType::Varchar];
+
+/// Parameters of the parameter form only: a statement of the SQL form says these.
+pub const PARAMETER_FORM_ONLY: &[ParamId] = &[
+    ParamId::WindowKind,
+    ParamId::HopMs,
+    ParamId::GroupBy,
+    ParamId::Aggregates,
+    ParamId::KeyField,
+    ParamId::ValueField,
+];
+
 /// The declared type of a named parameter of either function.
 #[cfg_attr(not(feature = "capi-v1-2"), allow(dead_code))]
 pub fn param_type(name: &str) -> Option<ParamType> {
@@ -165,6 +179,7 @@ pub fn param_type(name: &str) -> Option<ParamType> {
 /// The named parameters of `streaming_etl_run`.
 pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::Job, "job", ParamType::Varchar, "the `topic` argument", "name the job's state is kept under in the checkpoint"),
+    param(ParamId::LatenessMs, "lateness_ms", ParamType::BigInt, "0", "SQL form: how far behind a partition's newest event time an event may arrive and count (the parameter form's third argument)"),
     param(ParamId::WindowKind, "window_kind", ParamType::Varchar, "`tumbling`", "`tumbling`, `hopping` (with `hop_ms`) or `session` (`window_ms` is the gap)"),
     param(ParamId::HopMs, "hop_ms", ParamType::BigInt, "none", "hopping windows: a window of `window_ms` starts every `hop_ms` (divides `window_ms`)"),
     param(ParamId::GroupBy, "group_by", ParamType::VarcharList, "`[key_field]`", "key columns: dotted paths, `path AS name` (string, number or boolean values); `[]`: one row per window"),

@@ -30,6 +30,7 @@ use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
 use super::catalog::OutputCatalog;
 use super::insert::{insert, insert_staged, Part, StagedPart, Verb};
 use super::lake::{compact, with_retry};
+use super::sql_cycle::{Cycle, SqlOutput, OUTPUT_COLUMN};
 use super::staged::{ensure_staged_table, Staging};
 use super::tables::{ensure_table, revision_columns, sink_error};
 use crate::host::connections::SharedConn;
@@ -62,6 +63,8 @@ pub struct DuckSink {
     prepared: HashMap<Tables, (ByTable<Keys>, String)>,
     /// The aggregates DuckDB computes over the job's staged events, if it has any.
     staging: Option<Staging>,
+    /// A job written as SQL: its statement's output.
+    sql: Option<SqlOutput>,
 }
 
 impl DuckSink {
@@ -80,7 +83,24 @@ impl DuckSink {
             compaction,
             prepared: HashMap::new(),
             staging: None,
+            sql: None,
         }
+    }
+
+    /// A sink for a job written as SQL (see `sql_cycle`).
+    pub fn with_sql(mut self, sql: Option<SqlOutput>) -> DuckSink {
+        if let Some(s) = &sql {
+            self.staging = s.staging().cloned();
+        }
+        self.sql = sql;
+        self
+    }
+
+    /// The SQL statement's output for the job's own tables.
+    fn sql_for(&self, tables: &Tables) -> Option<&SqlOutput> {
+        self.sql
+            .as_ref()
+            .filter(|_| *tables == self.job_tables.as_ref().map(TableName::sql))
     }
 
     /// A sink for a job whose aggregates DuckDB computes in part (see `staged`).
@@ -122,6 +142,7 @@ struct WritePlan<'a> {
     /// Whether the marker table keeps one row per job (DuckDB's storage) or is appended to.
     prune_marker: bool,
     staging: Option<&'a Staging>,
+    sql: Option<&'a SqlOutput>,
 }
 
 impl WritePlan<'_> {
@@ -145,12 +166,43 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
             conn.execute_batch(&staging.clear(None))
                 .map_err(|e| sink_error(&staging.table, e))?;
         }
+        if let Some(sql) = plan.sql {
+            let windows = [Part {
+                rows: &out.batch.windows,
+                partition: None,
+            }];
+            let late = [Part {
+                rows: &out.batch.late,
+                partition: None,
+            }];
+            let staged = [StagedPart {
+                rows: &out.batch.staged.rows,
+                partition: None,
+                live_from_pane_ms: out.batch.staged.live_from_pane_ms,
+            }];
+            let cycle = Cycle {
+                windows: &windows,
+                late: &late,
+                staged: &staged,
+                late_table: &out.tables.late,
+                late_schema: &out.schemas.late,
+            };
+            sql.write(conn, &cycle, plan.verb(plan.keys.windows), plan.verb(plan.keys.late))?;
+            insert(
+                conn,
+                &out.tables.dead,
+                &out.schemas.dead,
+                &out.batch.dead,
+                plan.verb(plan.keys.dead),
+            )?;
+        }
         let parts = out.tables.as_ref().zip(out.schemas.as_ref());
         for (i, (((table, schema), rows), keys)) in parts
             .zip(out.batch.as_ref())
             .zip(plan.keys)
             .into_iter()
             .enumerate()
+            .filter(|_| plan.sql.is_none())
         {
             let verb = match plan.verb(keys) {
                 // A window's row may be in the table already, from an earlier cycle.
@@ -203,6 +255,15 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
     result
 }
 
+/// Whether `table` exists.
+fn has_table(conn: &Connection, table: &str) -> bool {
+    let exists = conn.prepare(&format!("SELECT 1 FROM {table} LIMIT 0")).is_ok();
+    if !exists {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    exists
+}
+
 /// Whether the marker table records this batch as applied.
 fn applied(conn: &Connection, marker: &str, out: &Output<'_>) -> Result<bool> {
     conn.query_row(
@@ -220,6 +281,27 @@ impl OutputSink for DuckSink {
         let conn = guard.conn()?;
         let catalog_keys = self.catalog.has_keys();
         let mut keys = ByTable::<Keys>::default();
+        let sql = self.sql_for(tables);
+        let sql_schemas = sql.map(|s| {
+            ByTable {
+                windows: s.target.without_key(),
+                late: SqlOutput::late_schema(&schemas.late),
+                dead: schemas.dead.clone(),
+            }
+        });
+        if sql.is_some() && has_table(conn, &tables.late) {
+            // An existing late table of a parameter job: the statement's name goes in `output`.
+            let late = &tables.late;
+            conn.execute_batch(&format!(
+                "ALTER TABLE {late} ADD COLUMN IF NOT EXISTS {} VARCHAR",
+                crate::params::quote_ident(OUTPUT_COLUMN)
+            ))
+            .map_err(|e| {
+                let _ = conn.execute_batch("ROLLBACK");
+                sink_error(late, e)
+            })?;
+        }
+        let schemas = sql_schemas.as_ref().unwrap_or(schemas);
         for ((table, schema), k) in tables.as_ref().zip(schemas.as_ref()).zip(keys.as_mut()) {
             let declared = match self.mode {
                 WriteMode::Upsert => schema.clone(),
@@ -238,6 +320,11 @@ impl OutputSink for DuckSink {
                 (false, WriteMode::Upsert) if !catalog_keys => Keys::Merge,
                 _ => Keys::None,
             };
+        }
+        if let (Some(_), WriteMode::Upsert) = (sql, self.mode) {
+            // A statement's target has no primary key (its GROUP BY keys may be NULL): rows
+            // are matched on them with NULLs equal.
+            keys.windows = Keys::Merge;
         }
         if let Some(staging) = self.staging_for(tables) {
             with_retry(&staging.table, || {
@@ -278,6 +365,7 @@ impl OutputSink for DuckSink {
             marker,
             prune_marker: self.catalog.has_keys(),
             staging: self.staging_for(out.tables),
+            sql: self.sql_for(out.tables),
         };
         with_retry(&out.tables.windows, || {
             // A replay, or a retry after a conflict that may have landed after all: the marker

@@ -160,13 +160,13 @@ fn aggregate_error(
 
 /// The batch function reading lent rows (qualified: a macro of the same name in the user's
 /// schema cannot stand in for it).
-fn batch_ref(lent: &Lent) -> String {
+pub(super) fn batch_ref(lent: &Lent) -> String {
     format!("system.main.{}({})", batch::NAME, lent.id)
 }
 
 /// The parts' rows lent to the batch function, and the query reading them (columns `c0, ...`;
 /// a part's partition as the last one).
-fn lend(parts: &[&Part<'_>]) -> (Vec<Lent>, String) {
+pub(super) fn lend(parts: &[&Part<'_>]) -> (Vec<Lent>, String) {
     let lent: Vec<Lent> = parts
         .iter()
         .map(|p| Lent::new(Arc::new(p.rows.clone())))
@@ -189,7 +189,7 @@ fn lend(parts: &[&Part<'_>]) -> (Vec<Lent>, String) {
 }
 
 /// `query` (columns `c0, ...` in the schema's order) with typed keys cast to their type.
-fn cast_columns(schema: &TableSchema, query: &str) -> String {
+pub(super) fn cast_columns(schema: &TableSchema, query: &str) -> String {
     if !schema
         .columns
         .iter()
@@ -219,7 +219,7 @@ fn select_list(schema: &TableSchema) -> String {
 }
 
 /// Writes the rows `query` gives (columns `c0, ...` in the schema's order) into `table`.
-fn write_rows(
+pub(super) fn write_rows(
     conn: &Connection,
     table: &str,
     schema: &TableSchema,

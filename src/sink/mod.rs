@@ -11,5 +11,6 @@ pub mod duck_sink;
 pub mod insert;
 pub mod lake;
 pub mod partition_store;
+pub mod sql_cycle;
 pub mod staged;
 pub mod tables;

@@ -21,7 +21,7 @@ use duckdb::Connection;
 use streaming_etl_core::{EngineConfig, Repr, Result, Role, TableSchema, WindowKind};
 
 use super::tables::{revision_columns, sink_error};
-use crate::params::{quote_ident, TableName};
+use crate::params::{quote_ident, transform_spec, TableName};
 
 /// Columns of the staged events (and of the cycle's rows) only the extension uses.
 const PANE: &str = "__se_pane";
@@ -48,6 +48,9 @@ pub struct Staging {
     correction: Option<usize>,
     /// A `subscribe` job: events and rows carry their partition.
     partitioned: bool,
+    /// A statement of a job written as SQL: the staged table holds its row step's columns
+    /// (the engine's, its partition among them, then the statement's).
+    statement_rows: Option<Vec<(String, String)>>,
 }
 
 /// The table of a job's staged events, beside its windows table:
@@ -57,11 +60,6 @@ pub fn staged_table(windows: &TableName) -> TableName {
     windows.sibling(&format!("streaming_etl_staged_{bare}"))
 }
 
-/// A DuckDB type as the JSON string `json_transform_strict` takes, as an SQL literal.
-pub fn transform_spec(sql_type: &str) -> String {
-    let json = serde_json::Value::String(sql_type.to_string()).to_string();
-    format!("'{}'", json.replace('\'', "''"))
-}
 
 impl Staging {
     /// The staging of a job whose aggregates DuckDB computes in part; `table` is the staged
@@ -93,11 +91,28 @@ impl Staging {
             retracted: revision_columns(windows).map(|(_, _, r)| r),
             correction: position(streaming_etl_core::CORRECTION_COLUMN),
             partitioned,
+            statement_rows: None,
         })
+    }
+
+    /// The staging of a statement of a job written as SQL, whose staged rows have `rows`' columns.
+    pub fn for_statement(
+        cfg: &EngineConfig,
+        table: String,
+        windows: &TableSchema,
+        partitioned: bool,
+        rows: &[(String, String)],
+    ) -> Option<Staging> {
+        let mut s = Staging::of(cfg, table, windows, partitioned)?;
+        s.statement_rows = Some(rows.to_vec());
+        Some(s)
     }
 
     /// The staged events' columns as `(name, DuckDB type)`, in order.
     fn columns(&self) -> Vec<(String, String)> {
+        if let Some(rows) = &self.statement_rows {
+            return rows.clone();
+        }
         let mut out: Vec<(String, String)> = Vec::new();
         if self.partitioned {
             out.push(("partition".into(), "INTEGER".into()));
@@ -156,7 +171,7 @@ impl Staging {
     /// cycle. Tumbling and hopping: its pane is live (`live`: the first live pane per
     /// partition, None when none is). Sessions: no closed session of the cycle holds it
     /// (`closed`: those sessions' rows, as `s`, in the windows rows' columns `c0, ...`).
-    fn kept(&self, live: &[(Option<i32>, Option<i64>)], closed: &str) -> String {
+    pub(super) fn kept(&self, live: &[(Option<i32>, Option<i64>)], closed: &str) -> String {
         match self.window {
             WindowKind::Session => format!(
                 "NOT EXISTS (SELECT 1 FROM {closed} s WHERE {}e.event_time_ms >= s.c0 AND e.event_time_ms <= s.c1 - {})",
@@ -190,7 +205,7 @@ impl Staging {
 
     /// `e.k = r.k0 AND ...` over the key columns (and the partition), each with `and` after
     /// it: the rows' keys are their columns `k0, ...` and `kp` (see [`Staging::keyed_rows`]).
-    fn key_match(&self, events: &str, rows: &str) -> String {
+    pub(super) fn key_match(&self, events: &str, rows: &str) -> String {
         let mut out = String::new();
         for (i, k) in self.keys.iter().enumerate() {
             out += &format!("{events}.{} = {rows}.k{i} AND ", quote_ident(k));
@@ -203,7 +218,7 @@ impl Staging {
 
     /// The windows rows `rows` (columns `c0, ...`) with their keys as the staged events have
     /// them, `k0, ...` (typed keys cast), and their partition as `kp`.
-    fn keyed_rows(&self, rows: &str, numbered: bool) -> String {
+    pub(super) fn keyed_rows(&self, rows: &str, numbered: bool) -> String {
         let mut keys: Vec<String> = Vec::new();
         for (i, name) in self.keys.iter().enumerate() {
             let at = self
@@ -259,15 +274,18 @@ impl Staging {
             .collect()
     }
 
-    /// [`Staging::window_rows`]; with `live` None, over every new event (see
-    /// [`Staging::each_aggregate`]).
-    fn rows_query(
+    /// The common table expressions of a cycle's window rows: `__se_rows` (the rows, numbered
+    /// `__se_w`, keys as the events have them), `__se_live` (those not retracted), `__se_events`
+    /// (the staged events and the cycle's new ones) and `__se_m` (each live row with its
+    /// window's events; `bounds`: with `window_start` and `window_end` as TIMESTAMPTZ). With
+    /// `live` None, over every new event (see [`Staging::each_aggregate`]).
+    pub(super) fn ctes(
         &self,
         rows: &str,
         new: &str,
         live: Option<&[(Option<i32>, Option<i64>)]>,
+        bounds: bool,
     ) -> String {
-        let nrows = self.windows.columns.len();
         let live_rows = match self.retracted {
             Some(r) => format!("SELECT * FROM __se_rows WHERE NOT c{r}"),
             None => "SELECT * FROM __se_rows".into(),
@@ -299,18 +317,38 @@ impl Staging {
             _ => String::new(),
         };
         let keys = self.key_match("e", "r");
+        let row = if bounds {
+            format!("r.{ROW}, make_timestamptz(r.c0 * 1000) AS window_start, make_timestamptz(r.c1 * 1000) AS window_end")
+        } else {
+            format!("r.{ROW}")
+        };
         let matched = match self.window {
             WindowKind::Tumbling => format!(
-                "SELECT r.{ROW}, e.* FROM __se_live r JOIN __se_events e ON {keys}e.{PANE} = r.c0{placed}"
+                "SELECT {row}, e.* FROM __se_live r JOIN __se_events e ON {keys}e.{PANE} = r.c0{placed}"
             ),
             WindowKind::Hopping { hop_ms } => format!(
-                "SELECT r.{ROW}, e.* FROM (SELECT *, unnest(range(c0, c1, {hop_ms})) AS __se_p FROM __se_live) r JOIN __se_events e ON {keys}e.{PANE} = r.__se_p{placed}"
+                "SELECT {row}, e.* FROM (SELECT *, unnest(range(c0, c1, {hop_ms})) AS __se_p FROM __se_live) r JOIN __se_events e ON {keys}e.{PANE} = r.__se_p{placed}"
             ),
             WindowKind::Session => format!(
-                "SELECT r.{ROW}, e.* FROM __se_events e ASOF JOIN __se_live r ON {keys}e.event_time_ms >= r.c0 WHERE e.event_time_ms <= r.c1 - {}",
+                "SELECT {row}, e.* FROM __se_events e ASOF JOIN __se_live r ON {keys}e.event_time_ms >= r.c0 WHERE e.event_time_ms <= r.c1 - {}",
                 self.window_ms
             ),
         };
+        format!(
+            "WITH __se_rows AS ({}), __se_live AS ({live_rows}), __se_events AS ({events}), __se_m AS ({matched}) ",
+            self.keyed_rows(rows, true)
+        )
+    }
+
+    /// [`Staging::window_rows`]; with `live` None, over every new event (see
+    /// [`Staging::each_aggregate`]).
+    fn rows_query(
+        &self,
+        rows: &str,
+        new: &str,
+        live: Option<&[(Option<i32>, Option<i64>)]>,
+    ) -> String {
+        let nrows = self.windows.columns.len();
         let group: Vec<String> = std::iter::once(ROW.to_string())
             .chain(self.keys.iter().map(|k| quote_ident(k)))
             .collect();
@@ -326,11 +364,9 @@ impl Staging {
             })
             .collect();
         format!(
-            "WITH __se_rows AS ({}), __se_live AS ({live_rows}), __se_events AS ({events}), \
-             __se_m AS ({matched}), \
-             __se_a AS (SELECT {}, {} FROM __se_m GROUP BY {}) \
+            "{}, __se_a AS (SELECT {}, {} FROM __se_m GROUP BY {}) \
              SELECT {} FROM __se_rows r LEFT JOIN __se_a a ON a.{ROW} = r.{ROW}",
-            self.keyed_rows(rows, true),
+            self.ctes(rows, new, live, false),
             group.join(", "),
             computed.join(", "),
             group.join(", "),
@@ -356,7 +392,7 @@ impl Staging {
     }
 
     /// Whether staged events carry the watermark they were placed under.
-    fn stamped(&self) -> bool {
+    pub(super) fn stamped(&self) -> bool {
         self.rows.columns.iter().any(|c| c.name == STAMP)
     }
 
@@ -404,7 +440,7 @@ impl Staging {
 
     /// The rows closing windows (sessions: their events go with them), with their keys as
     /// `k0, ...` (and `kp`), as a relation.
-    fn closed_rows(&self, rows: &str) -> String {
+    pub(super) fn closed_rows(&self, rows: &str) -> String {
         let filter = match revision_columns(&self.windows) {
             Some((fin, _, ret)) => format!(" WHERE c{fin} AND NOT c{ret}"),
             None => String::new(),

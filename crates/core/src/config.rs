@@ -108,7 +108,29 @@ pub struct EngineConfig {
     pub columns: Vec<TypedColumn>,
     /// Where values that only DuckDB can convert are converted (filled by the adapter).
     pub resolver: ResolverHandle,
+    /// A job written as SQL: every event read is staged, placed or late (its [`Fate`]), with
+    /// its partition and offset, so that DuckDB runs the statement's joins, WHERE and
+    /// aggregates over what the engine placed.
+    pub stage_all: bool,
+    /// Aggregates over a typed column read its converted value (a job written as SQL), not the
+    /// field as it is in the message.
+    pub typed_inputs: bool,
 }
+
+/// What the engine did with a staged event (a job that stages every event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Placed in its open window(s).
+    Placed = 0,
+    /// Late: in no window.
+    Late = 1,
+    /// Late, and applied to a kept window as a correction (`late_updates_ms`).
+    Applied = 2,
+}
+
+/// The staged events' columns only the extension uses, beside the key columns and the typed
+/// values of a job that stages every event.
+pub const FATE_COLUMN: &str = "__se_fate";
 
 impl EngineConfig {
     /// A job with the default key and aggregates (SPEC sections 3-5).
@@ -140,6 +162,8 @@ impl EngineConfig {
             late_updates_ms: None,
             columns: Vec::new(),
             resolver: ResolverHandle::default(),
+            stage_all: false,
+            typed_inputs: false,
         }
     }
 
@@ -152,9 +176,10 @@ impl EngineConfig {
         Some(format!("{{{}}}", shown.join(", ")))
     }
 
-    /// Whether DuckDB computes some of the aggregates (the events of open windows are staged).
+    /// Whether DuckDB computes some of the aggregates (the events of open windows are staged),
+    /// or the job stages every event.
     pub fn stages(&self) -> bool {
-        self.aggregates.iter().any(AggSpec::is_duckdb)
+        self.stage_all || self.aggregates.iter().any(AggSpec::is_duckdb)
     }
 
     /// The typed column a key is read as, if it is one.
@@ -201,6 +226,11 @@ impl EngineConfig {
         cols.push(Column::new("event_time_ms", ColumnType::BigInt));
         if self.stamps_events() {
             cols.push(Column::new("__se_stamp", ColumnType::BigInt));
+        }
+        if self.stage_all {
+            cols.push(Column::new("partition", ColumnType::Integer));
+            cols.push(Column::new("offset", ColumnType::BigInt));
+            cols.push(Column::new(FATE_COLUMN, ColumnType::Integer));
         }
         for c in self.staged_values() {
             let mut col = Column::new(&c.name, c.repr.carried());
@@ -399,6 +429,13 @@ impl JobSettings {
 
     /// The first setting that differs, as (name, stored, requested).
     pub fn first_difference(&self, requested: &JobSettings) -> Option<(String, String, String)> {
+        // A job written as SQL: its statements say the window, keys and aggregates.
+        let sql = |s: &JobSettings| s.extra.get("sql").cloned();
+        if let (Some(a), Some(b)) = (sql(self), sql(requested)) {
+            if a != b {
+                return Some(("sql".into(), format!("'{a}'"), format!("'{b}'")));
+            }
+        }
         for ((name, a), (_, b)) in self.entries().into_iter().zip(requested.entries()) {
             if a != b {
                 return Some((name.to_string(), a, b));

@@ -21,6 +21,10 @@ pub enum EtlError {
         message: String,
     },
 
+    /// A statement of a job written as SQL that cannot run, named by its target.
+    #[error("invalid parameter 'sql': the statement into {target}: {message}")]
+    Statement { target: String, message: String },
+
     /// The checkpoint file cannot be opened, read or written.
     #[error("checkpoint '{path}': {message}")]
     Checkpoint { path: String, message: String },

@@ -44,8 +44,8 @@ pub use chunk::Chunk;
 pub use codec::CodecError;
 pub use columns::{Repr, Resolver, ResolverHandle, TypedColumn};
 pub use config::{
-    Emit, EngineConfig, JobSettings, KeyColumn, TimeSpec, WindowKind, CORRECTION_COLUMN,
-    DEFAULT_KEY_FIELD, MAX_AGGREGATES,
+    Emit, EngineConfig, Fate, JobSettings, KeyColumn, TimeSpec, WindowKind, CORRECTION_COLUMN,
+    DEFAULT_KEY_FIELD, FATE_COLUMN, MAX_AGGREGATES,
 };
 pub use decode::{DecodeError, Decoder, Field, FieldPath, Fields, Kind};
 pub use engine::{Counters, Engine, PartitionProgress, Restored};

@@ -119,7 +119,16 @@ impl ChunkParser {
                                     let cells = (&c.typed[typed_from..], &c.texts[..]);
                                     self.plan.key(&fields, msg_key, cells, &mut self.key)
                                 })
-                                .and_then(|_| self.plan.inputs(&fields, inputs));
+                                .and_then(|_| self.plan.inputs(&fields, inputs))
+                                .map(|()| {
+                                    for &(k, j) in self.plan.typed_inputs() {
+                                        if let (Some(slot), Some(v)) =
+                                            (inputs.get_mut(k), c.typed.get(typed_from + j))
+                                        {
+                                            *slot = self.plan.typed_input(k, v);
+                                        }
+                                    }
+                                });
                             if rest.is_ok() {
                                 c.keys.extend_from_slice(&self.key);
                                 for input in inputs.iter() {

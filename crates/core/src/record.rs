@@ -82,6 +82,9 @@ pub(crate) struct FieldPlan {
     typed: Vec<TypedInput>,
     /// Per key column: the typed column it is read as, if any.
     key_typed: Vec<Option<usize>>,
+    /// Aggregates that take their input from a typed column's converted value (a job written
+    /// as SQL: `sum(amount)` sums the DOUBLE DuckDB's conversion gives), with that column.
+    typed_inputs: Vec<(usize, usize)>,
 }
 
 /// How a typed column is read.
@@ -161,7 +164,24 @@ impl FieldPlan {
             .map(|k| cfg.columns.iter().position(|c| c.path == k.path))
             .collect();
         let mut inputs: Vec<AggInput> = Vec::new();
-        for a in &cfg.aggregates {
+        let mut typed_inputs = Vec::new();
+        for (k, a) in cfg.aggregates.iter().enumerate() {
+            let typed_col = a
+                .path
+                .as_ref()
+                .filter(|_| cfg.typed_inputs && a.filter.is_none() && a.by.is_none())
+                .and_then(|p| cfg.columns.iter().position(|c| c.path == *p));
+            if let Some(j) = typed_col {
+                typed_inputs.push((k, j));
+                inputs.push(AggInput {
+                    func: a.func,
+                    path: None,
+                    same: None,
+                    by: None,
+                    filter: None,
+                });
+                continue;
+            }
             let path = a.path.as_ref().map(&mut index);
             let by = a.by.as_ref().map(&mut index);
             let filter = a.filter.clone().map(|mut f| {
@@ -199,6 +219,26 @@ impl FieldPlan {
             schemas: cfg.schemas.clone(),
             typed,
             key_typed,
+            typed_inputs,
+        }
+    }
+
+    /// The aggregates whose input is a typed column's converted value: (aggregate, column).
+    pub(crate) fn typed_inputs(&self) -> &[(usize, usize)] {
+        &self.typed_inputs
+    }
+
+    /// Aggregate `k`'s input from a typed value (see [`FieldPlan::typed_inputs`]): a count
+    /// counts it when it is not NULL, the others take its number.
+    #[inline]
+    pub(crate) fn typed_input(&self, k: usize, v: &OwnedTyped) -> Input<'static> {
+        let count = matches!(self.inputs.get(k).map(|a| a.func), Some(AggFunc::Count));
+        match v {
+            OwnedTyped::Null | OwnedTyped::Pending => Input::Skip,
+            _ if count => Input::Present,
+            OwnedTyped::Double(x) => Input::Num(*x),
+            OwnedTyped::Int(x) => Input::Num(*x as f64),
+            _ => Input::Skip,
         }
     }
 

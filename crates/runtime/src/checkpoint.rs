@@ -206,6 +206,33 @@ impl Checkpoint {
         })
     }
 
+    /// The settings a job was checkpointed with in the file at `path`, read without creating or
+    /// changing anything (None: no such file, or no such job in it).
+    pub fn stored_settings(path: &str, job: &str) -> Option<JobSettings> {
+        if !std::path::Path::new(path).exists() {
+            return None;
+        }
+        let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(path, flags).ok()?;
+        conn.busy_timeout(std::time::Duration::from_secs(5)).ok()?;
+        conn.query_row(
+            "SELECT source, window_ms, lateness_ms, key_field, time_field, value_field, settings FROM jobs WHERE job = ?1",
+            [job],
+            |r| {
+                Ok(JobSettings {
+                    source: r.get(0)?,
+                    window_ms: r.get(1)?,
+                    lateness_ms: r.get(2)?,
+                    key_field: r.get(3)?,
+                    time_field: r.get(4)?,
+                    value_field: r.get(5)?,
+                    extra: JobSettings::parse_extra(&r.get::<_, String>(6)?),
+                })
+            },
+        )
+        .ok()
+    }
+
     /// Opens (creating when missing) the checkpoint file at `path`.
     pub fn open_file(path: &str) -> Result<Checkpoint> {
         let conn = Connection::open(path)

@@ -16,7 +16,7 @@ use crate::aggregate::Input;
 use crate::chunk::{Chunk, Lent};
 use crate::codec::{CodecError, Reader, Writer};
 use crate::columns::OwnedTyped;
-use crate::config::{Emit, EngineConfig, WindowKind};
+use crate::config::{Emit, EngineConfig, Fate, WindowKind};
 use crate::emit::Shape;
 use crate::format::record_json;
 use crate::record::{key_parts, late_key, with_inputs};
@@ -325,11 +325,13 @@ impl Shard {
             }
         });
         let Err((start, end)) = late else {
-            self.stage(chunk, i, t, watermark);
+            self.stage(chunk, i, t, watermark, Fate::Placed);
             return;
         };
         if applied {
-            self.stage(chunk, i, t, watermark);
+            self.stage(chunk, i, t, watermark, Fate::Applied);
+        } else if self.cfg.stage_all {
+            self.stage(chunk, i, t, watermark, Fate::Late);
         }
         self.out.late_events += 1;
         let msg = chunk.message(i);
@@ -364,7 +366,7 @@ impl Shard {
     /// Stages an event placed in windows (a job whose aggregates DuckDB computes): its key
     /// columns, pane, time, the watermark it was placed under, its typed values.
     #[inline]
-    fn stage(&mut self, chunk: &Chunk, i: usize, t: i64, watermark: i64) {
+    fn stage(&mut self, chunk: &Chunk, i: usize, t: i64, watermark: i64, fate: Fate) {
         let Some(values) = &self.staged_values else {
             return;
         };
@@ -385,6 +387,11 @@ impl Shard {
         row.i64(t);
         if cfg.stamps_events() {
             row.i64(watermark);
+        }
+        if cfg.stage_all {
+            row.i32(chunk.partition)
+                .i64(chunk.offsets[i])
+                .i32(fate as i32);
         }
         let typed = chunk.typed(i);
         for &j in values.iter() {

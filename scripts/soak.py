@@ -1,0 +1,435 @@
+#!/usr/bin/env python3
+"""`make soak`: a continuous job for SOAK_MINUTES (default 10) at a steady rate, with faults, and
+what its process and database do meanwhile.
+
+A producer writes SOAK_RATE events/s (default 30,000; 50 keys, event time = the wall clock, 2%
+of events 2-5 s late) into 4 files (`--variant files`), a Kafka topic of 4 partitions on
+librdkafka's mock cluster (`kafka`), or files again with the output in a DuckLake whose catalog is
+in PostgreSQL (`lake`, DuckDB 1.4.4). The job is the README's continuous job, `streaming_etl_run(...,
+follow := true, write_mode := 'append')`, started on a new database by a plain statement (as a
+user types it; `--prepared`: `PREPARE` then `EXECUTE`). Faults: the job is killed with SIGKILL and
+started again every SOAK_KILL_EVERY seconds (default 180); halfway, the broker (`kafka`: its one
+broker goes down for 10 s) or the catalog (`lake`: PostgreSQL killed and started again) is
+restarted. The job's process samples every 10 s: its RSS, the database's WAL, DuckDB's temp files
+(`<db>.tmp`) and `duckdb_memory()`.
+
+At the end the producer stops, a last bounded run with `flush := true` closes every window, and
+the accounting is checked: window counts + late events + dead letters = events sent, no window or
+late event twice. Prints one JSON object; `--write-docs` puts the figures into docs/reliability.md
+(section 'Soak') and a plot of RSS and WAL over time into docs/soak.png.
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "test", "python"))
+
+PARTITIONS = 4
+KEYS = 50
+WINDOW_MS = 1000
+LATENESS_MS = 200
+SAMPLE_S = 10
+
+
+def ext_path():
+    """The build the soak runs: copied at its start (SOAK_EXTENSION), so that a build made
+    meanwhile does not change it between restarts."""
+    if os.environ.get("SOAK_EXTENSION"):
+        return os.environ["SOAK_EXTENSION"]
+    import duckdb
+    if duckdb.__version__.startswith("1.4"):
+        return os.path.join(ROOT, "build", "release", "v1.4", "streaming_etl.duckdb_extension")
+    return os.path.join(ROOT, "build", "release", "streaming_etl.duckdb_extension")
+
+
+def dir_size(path):
+    total = 0
+    for base, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(base, f))
+            except OSError:
+                pass
+    return total
+
+
+def rss_mb(pid="self"):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+# --- the job's process ----------------------------------------------------------------------
+
+
+def job_main(spec):
+    """The job: one DuckDB connection runs the follow job; a second cursor samples."""
+    import duckdb
+    db = spec["db"]
+    config = {"allow_unsigned_extensions": "true"}
+    if spec.get("extension_directory"):
+        config["extension_directory"] = spec["extension_directory"]
+    con = duckdb.connect(db, config=config)
+    con.execute(f"LOAD '{ext_path()}'")
+    if spec.get("setup"):
+        con.execute(spec["setup"])
+    sampler = con.cursor()
+    started = time.time()
+
+    def sample():
+        while True:
+            time.sleep(SAMPLE_S)
+            try:
+                mem = {tag: round(used / 1e6, 1) for tag, used in sampler.execute(
+                    "SELECT tag, memory_usage_bytes FROM duckdb_memory() WHERE memory_usage_bytes > 0").fetchall()}
+            except Exception as e:  # noqa: BLE001 (a sample that fails is reported, the job goes on)
+                mem = {"error": str(e)[:100]}
+            wal = db + ".wal"
+            print(json.dumps({"sample": True, "t": time.time(), "uptime": round(time.time() - started, 1),
+                              "rss_mb": rss_mb(), "wal_mb": os.path.getsize(wal) / 1e6 if os.path.exists(wal) else 0,
+                              "tmp_mb": dir_size(db + ".tmp") / 1e6, "memory_mb": mem}), flush=True)
+
+    threading.Thread(target=sample, daemon=True).start()
+    call = f"streaming_etl_run('{spec['topic']}', {WINDOW_MS}, {LATENESS_MS}{spec['named']})"
+    if spec.get("prepared"):
+        con.execute(f"PREPARE soak AS SELECT * FROM {call}")
+        cur = con.execute("EXECUTE soak")
+    else:
+        cur = con.execute(f"SELECT * FROM {call}")
+    cols = [d[0] for d in cur.description]
+    while True:
+        rows = cur.fetchmany(1)
+        if not rows:
+            break
+        print(json.dumps({"row": dict(zip(cols, [str(v) for v in rows[0]]))}), flush=True)
+    con.close()
+
+
+# --- producers ------------------------------------------------------------------------------
+
+
+class Producer:
+    """Writes `rate` events/s until stopped; counts what it sent."""
+
+    def __init__(self, rate, write):
+        self.rate, self.write = rate, write
+        self.sent = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self):
+        rnd = random.Random(7)
+        tick = 0.1
+        per_tick = int(self.rate * tick)
+        next_t = time.time()
+        while not self.stopped.is_set():
+            now_ms = int(time.time() * 1000)
+            lines = [[] for _ in range(PARTITIONS)]
+            for _ in range(per_tick):
+                i = self.sent
+                t = now_ms - rnd.randint(0, 150)
+                if rnd.random() < 0.02:
+                    t -= rnd.randint(2000, 5000)
+                lines[i % PARTITIONS].append(json.dumps(
+                    {"key": f"k{i % KEYS}", "event_time_ms": t, "payload": {"value": i % 100}}))
+                self.sent += 1
+            self.write(lines)
+            next_t += tick
+            time.sleep(max(0.0, next_t - time.time()))
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join()
+
+
+def file_writer(directory):
+    os.makedirs(directory, exist_ok=True)
+    files = [open(os.path.join(directory, f"part-{p}.ndjson"), "a") for p in range(PARTITIONS)]
+
+    def write(lines):
+        for f, ls in zip(files, lines):
+            if ls:
+                f.write("\n".join(ls) + "\n")
+                f.flush()
+    return write
+
+
+def kafka_writer(bootstrap, topic):
+    from confluent_kafka import Producer as KP
+    p = KP({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4",
+            "queue.buffering.max.messages": 1000000})
+
+    def write(lines):
+        for part, ls in enumerate(lines):
+            for line in ls:
+                while True:
+                    try:
+                        p.produce(topic, line.encode(), partition=part)
+                        break
+                    except BufferError:
+                        p.poll(0.05)
+        p.poll(0)
+    write.flush = lambda: p.flush(60)
+    return write
+
+
+# --- the soak -------------------------------------------------------------------------------
+
+
+class Job:
+    def __init__(self, spec, log):
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--job", json.dumps(spec)],
+                                     stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+        self.started = time.time()
+        self.samples = []
+        self.rows = 0
+        self.thread = threading.Thread(target=self.read, daemon=True)
+        self.thread.start()
+
+    def read(self):
+        for line in self.proc.stdout:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if obj.get("sample"):
+                obj["pid"] = self.proc.pid
+                self.samples.append(obj)
+            elif "row" in obj:
+                self.rows += 1
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.thread.join(timeout=5)
+
+
+def final_run(spec):
+    """A bounded run with flush: every window closes; returns the accounting."""
+    import duckdb
+    config = {"allow_unsigned_extensions": "true"}
+    if spec.get("extension_directory"):
+        config["extension_directory"] = spec["extension_directory"]
+    opened = time.time()
+    con = duckdb.connect(spec["db"], config=config)
+    open_s = time.time() - opened
+    con.execute(f"LOAD '{ext_path()}'")
+    if spec.get("setup"):
+        con.execute(spec["setup"])
+    named = spec["named"].replace(", follow := true", "") + ", flush := true"
+    con.execute(f"SELECT * FROM streaming_etl_run('{spec['topic']}', {WINDOW_MS}, {LATENESS_MS}{named})").fetchall()
+    w, late, dead = spec["tables"]
+    counted = con.execute(f"SELECT coalesce(sum(count), 0) FROM {w}").fetchall()[0][0]
+    late_n = con.execute(f"SELECT count(*) FROM {late}").fetchall()[0][0]
+    dead_n = con.execute(f"SELECT count(*) FROM {dead}").fetchall()[0][0]
+    dup_w = con.execute(f"SELECT count(*) FROM (SELECT key, window_start_ms FROM {w} GROUP BY ALL HAVING count(*) > 1)").fetchall()[0][0]
+    dup_l = con.execute(f'SELECT count(*) FROM (SELECT partition, "offset" FROM {late} GROUP BY ALL HAVING count(*) > 1)').fetchall()[0][0]
+    con.close()
+    return {"in_windows": int(counted), "late": late_n, "dead": dead_n, "duplicate_windows": dup_w,
+            "duplicate_late": dup_l, "open_after_kill_s": round(open_s, 2)}
+
+
+def final_in_child(spec):
+    """The last run, in a process of its own that then exits (as a scheduled job does): the
+    accounting, and the WAL that process left behind."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--final", json.dumps(spec)],
+                         capture_output=True, text=True, cwd=ROOT)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    acct = json.loads(out.stdout.strip().splitlines()[-1])
+    wal = spec["db"] + ".wal"
+    acct["wal_after_exit_mb"] = round(os.path.getsize(wal) / 1e6, 2) if os.path.exists(wal) else 0
+    return acct
+
+
+def soak(variant, minutes, rate, kill_every, prepared, label=None):
+    work = os.path.join(ROOT, "bench-out", f"soak-{variant}{'-prepared' if prepared else ''}-{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    db = os.path.join(work, "soak.duckdb")
+    spec = {"db": db, "prepared": prepared, "named": ", follow := true, write_mode := 'append'",
+            "tables": ("windows", "late_events", "dead_letters")}
+    broker = pg = None
+    if variant == "kafka":
+        from brokers import MockBroker
+        broker = MockBroker(1)
+        broker.create_topic("soak", PARTITIONS)
+        writer = kafka_writer(broker.bootstrap, "soak")
+        spec["topic"] = "soak"
+        spec["named"] += f", brokers := '{broker.bootstrap}'"
+    else:
+        writer = file_writer(os.path.join(work, "data"))
+        spec["topic"] = f"file:{work}/data/*.ndjson"
+    if variant == "lake":
+        import lake
+        pg = lake.Postgres(os.path.join(work, "pg"))
+        catalog = pg.new_database()
+        spec["setup"] = lake.setup_sql(catalog, os.path.join(work, "lakedata"))
+        spec["extension_directory"] = lake.EXTENSION_DIRECTORY
+        spec["named"] += ", windows_table := 'lake.windows'"
+        spec["tables"] = ("lake.windows", "lake.late_events", "lake.dead_letters")
+    log = open(os.path.join(work, "job.log"), "w")
+    producer = Producer(rate, writer)
+    began = time.time()
+    end = began + minutes * 60
+    jobs = [Job(spec, log)]
+    kills = restarts = 0
+    fault_done = False
+    next_kill = began + kill_every
+    while time.time() < end:
+        time.sleep(1)
+        now = time.time()
+        job = jobs[-1]
+        if job.proc.poll() is not None:
+            # The job ended by itself (a failed commit while the catalog was away): a service
+            # manager starts it again.
+            restarts += 1
+            jobs.append(Job(spec, log))
+        elif now >= next_kill and now < end - 30:
+            job.kill()
+            kills += 1
+            jobs.append(Job(spec, log))
+            next_kill = now + kill_every
+        if not fault_done and now >= began + minutes * 30:
+            fault_done = True
+            if broker is not None:
+                broker.command("down 1")
+                time.sleep(10)
+                broker.command("up 1")
+            if pg is not None:
+                pg.kill()
+                time.sleep(5)
+                pg.start()
+    producer.stop()
+    if hasattr(writer, "flush"):
+        writer.flush()
+    # Let the job catch up with the last events, then stop it as a user would (SIGKILL is the
+    # harder case; the last run settles what it left).
+    time.sleep(5)
+    jobs[-1].kill()
+    acct = final_in_child(spec)
+    sent = producer.sent
+    accounted = acct["in_windows"] + acct["late"] + acct["dead"]
+    samples = sorted((s for j in jobs for s in j.samples), key=lambda s: s["t"])
+    for s in samples:
+        s["at_s"] = round(s["t"] - began, 1)
+    after_first_minute = [s for s in samples if s["at_s"] >= 60]
+    first = [s for s in samples if s["pid"] == jobs[0].proc.pid]
+    later = [s for s in samples if s["pid"] != jobs[0].proc.pid]
+
+    def peak(xs, k):
+        vals = [x[k] for x in xs if x.get(k) is not None]
+        return round(max(vals), 1) if vals else None
+
+    def growth(xs):
+        """RSS growth of each job process after its first minute, the largest."""
+        out = None
+        for j in jobs:
+            mine = [x for x in xs if x["pid"] == j.proc.pid and x["uptime"] >= 60 and x.get("rss_mb")]
+            if len(mine) >= 2:
+                g = max(x["rss_mb"] for x in mine) - mine[0]["rss_mb"]
+                out = g if out is None else max(out, g)
+        return None if out is None else round(out, 1)
+
+    result = {
+        "variant": label or (variant + (", PREPARE/EXECUTE" if prepared else "")), "minutes": minutes, "rate": rate,
+        "sent": sent, "accounted": accounted, "exact": accounted == sent and not acct["duplicate_windows"]
+        and not acct["duplicate_late"], **acct, "kills": kills, "restarts_after_fault": restarts,
+        "fault": {"kafka": "broker down 10 s", "lake": "PostgreSQL killed and restarted"}.get(variant, "-"),
+        "wal_peak_mb": peak(samples, "wal_mb"), "wal_peak_first_run_mb": peak(first, "wal_mb"),
+        "wal_peak_later_runs_mb": peak(later, "wal_mb"), "tmp_peak_mb": peak(samples, "tmp_mb"),
+        "rss_growth_after_first_minute_mb": growth(samples), "rss_peak_mb": peak(after_first_minute, "rss_mb"),
+        "samples": samples,
+    }
+    if broker is not None:
+        broker.stop()
+    if pg is not None:
+        pg.stop()
+    log.close()
+    return result
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for r in results:
+        xs = [s["at_s"] / 60 for s in r["samples"]]
+        axes[0].plot(xs, [s["rss_mb"] for s in r["samples"]], ".-", label=r["variant"], markersize=3)
+        axes[1].plot(xs, [s["wal_mb"] for s in r["samples"]], ".-", label=r["variant"], markersize=3)
+    axes[0].set_ylabel("job RSS (MB)")
+    axes[1].set_ylabel("WAL (MB)")
+    axes[1].axhline(16.8, color="grey", linestyle="--", linewidth=0.8)
+    axes[1].text(0, 17.3, "checkpoint_threshold (16 MiB)", fontsize=7, color="grey")
+    axes[1].set_xlabel("minutes (the job is killed with SIGKILL and started again every few minutes)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def write_docs(results):
+    rows = ["| run | minutes | events/s | events | kills | fault | WAL peak MB (first run / later) | temp files peak MB | RSS growth after 1st min MB | exact | WAL after exit MB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        rows.append(f"| {r['variant']} | {r['minutes']} | {r['rate']:,} | {r['sent']:,} | {r['kills']} | {r['fault']} | "
+                    f"{r['wal_peak_mb']} ({r['wal_peak_first_run_mb']} / {r['wal_peak_later_runs_mb']}) | {r['tmp_peak_mb']} | "
+                    f"{r['rss_growth_after_first_minute_mb']} | {'yes' if r['exact'] else 'NO'} | {r['wal_after_exit_mb']} |")
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from docs_section import write_section
+    write_section("docs/reliability.md", "soak", "make soak", "\n".join(rows))
+
+
+def main():
+    args = sys.argv[1:]
+    if args and args[0] == "--job":
+        job_main(json.loads(args[1]))
+        return
+    if args and args[0] == "--final":
+        print(json.dumps(final_run(json.loads(args[1]))))
+        return
+    minutes = float(os.environ.get("SOAK_MINUTES", "10"))
+    rate = int(os.environ.get("SOAK_RATE", "30000"))
+    kill_every = float(os.environ.get("SOAK_KILL_EVERY", "180"))
+    variants = [a.split("=", 1)[1] for a in args if a.startswith("--variant=")] or ["files"]
+    if not os.environ.get("SOAK_EXTENSION"):
+        os.makedirs(os.path.join(ROOT, "bench-out"), exist_ok=True)
+        copy = os.path.join(ROOT, "bench-out", f"soak-{os.getpid()}.duckdb_extension")
+        shutil.copy(ext_path(), copy)
+        os.environ["SOAK_EXTENSION"] = copy
+    prepared = "--prepared" in args
+    label = next((a.split("=", 1)[1] for a in args if a.startswith("--label=")), None)
+    results = []
+    for v in variants:
+        r = soak(v, minutes, rate, kill_every, prepared, label)
+        shown = {k: v for k, v in r.items() if k != "samples"}
+        print(json.dumps(shown), flush=True)
+        results.append(r)
+    out = os.path.join(ROOT, "bench-out", "soak.json")
+    old = json.load(open(out)) if os.path.exists(out) else []
+    keep = [o for o in old if o["variant"] not in {r["variant"] for r in results}]
+    json.dump(keep + results, open(out, "w"))
+    if "--write-docs" in args:
+        all_results = keep + results
+        plot(all_results, os.path.join(ROOT, "docs", "soak.png"))
+        write_docs(all_results)
+    if not all(r["exact"] for r in results):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+//! A statement of a job written as SQL, in each cycle's transaction: DuckDB's part of the plan
+//! (`sql::plan`). The cycle's events (what the engine staged: every event it read, placed or
+//! late) become the temporary table `__se_events`, typed as the statement reads them; then
+//! - a transform inserts its statement's rows over them;
+//! - an engine-computed statement writes the engine's window rows, its columns in the
+//!   statement's order and types;
+//! - a staged statement runs its row step (its FROM and WHERE, the lookup tables as they are
+//!   now) into `__se_rows`; its late events that pass go to the late table; the placed rows of
+//!   windows that stay open are staged; each closing window's rows are the statement's own
+//!   SELECT ... GROUP BY over the window's rows; and the staged rows no window needs go.
+//!
+//! All of it commits with the batch's marker (and, with `subscribe`, the partitions' state), so
+//! a statement's rows are part of exactly once.
+
+use duckdb::Connection;
+use streaming_etl_core::{Column, ColumnType, EngineConfig, Result, Role, TableSchema, FATE_COLUMN};
+
+use super::insert::{cast_columns, lend, write_rows, Part, StagedPart, Verb};
+use super::staged::{staged_table, Staging};
+use super::tables::{revision_columns, sink_error};
+use crate::functions::batch::Lent;
+use crate::params::{quote_ident, quote_literal};
+use crate::sql::{events_columns, Body, SqlStatement};
+
+/// The late table's column that names the statement an event was late for.
+pub const OUTPUT_COLUMN: &str = "output";
+
+/// The fate of late events (not applied) in the staged rows: `Fate::Late`.
+const LATE: i32 = 1;
+
+/// One statement's output, as the sink writes it.
+#[derive(Debug, Clone)]
+pub struct SqlOutput {
+    pub stmt: SqlStatement,
+    /// The target as written: the statement's columns, then the revision columns, then
+    /// `partition` (a `subscribe` job).
+    pub target: TableSchema,
+    /// The engine's window rows (as the batch has them).
+    engine: TableSchema,
+    /// The cycle's events: name, type and expression over the staged rows.
+    events: Vec<(String, String, String)>,
+    staging: Option<Staging>,
+    partitioned: bool,
+}
+
+impl SqlOutput {
+    /// `engine`: the engine's window rows as the batch has them (with `partition` last when
+    /// `partitioned`).
+    pub fn new(
+        stmt: &SqlStatement,
+        cfg: &EngineConfig,
+        engine: &TableSchema,
+        partitioned: bool,
+    ) -> SqlOutput {
+        let mut columns: Vec<Column> = stmt
+            .columns
+            .iter()
+            .map(|(n, t)| {
+                let mut c = Column::new(n, ColumnType::Varchar);
+                c.role = Role::Computed(t.clone());
+                c
+            })
+            .collect();
+        let mut key = stmt.key.clone();
+        if !matches!(stmt.body, Body::Transform { .. }) {
+            if let Some((fin, _, _)) = revision_columns(engine) {
+                columns.extend(engine.columns[fin..fin + 3].iter().cloned());
+            }
+        }
+        if partitioned {
+            columns.push(Column::new("partition", ColumnType::Integer));
+            if !key.is_empty() {
+                key.push("partition".into());
+            }
+        }
+        let staging = match &stmt.body {
+            Body::Staged { rows, .. } => Staging::for_statement(
+                cfg,
+                staged_table(&stmt.target).sql(),
+                engine,
+                partitioned,
+                rows,
+            ),
+            _ => None,
+        };
+        SqlOutput {
+            stmt: stmt.clone(),
+            target: TableSchema {
+                columns,
+                primary_key: key,
+            },
+            engine: engine.clone(),
+            events: events_columns(cfg),
+            staging,
+            partitioned,
+        }
+    }
+
+    pub fn staging(&self) -> Option<&Staging> {
+        self.staging.as_ref()
+    }
+
+    /// The late table of a job written as SQL: the late events' columns, and `output`.
+    pub fn late_schema(late: &TableSchema) -> TableSchema {
+        let mut s = late.clone();
+        let mut c = Column::new(OUTPUT_COLUMN, ColumnType::Varchar);
+        c.role = Role::Computed("VARCHAR".into());
+        s.columns.push(c);
+        if !s.primary_key.is_empty() {
+            s.primary_key.push(OUTPUT_COLUMN.into());
+        }
+        s
+    }
+
+    /// Writes the statement's part of a cycle on `conn`, inside the cycle's transaction:
+    /// `windows` the engine's window rows, `late` its late events, `staged` its staged events
+    /// (each per partition with `subscribe`).
+    pub fn write(
+        &self,
+        conn: &Connection,
+        cycle: &Cycle<'_>,
+        target_verb: Verb,
+        late_verb: Verb,
+    ) -> Result<()> {
+        let target = self.stmt.target.sql();
+        let events = self.events_table(conn, cycle.staged)?;
+        match &self.stmt.body {
+            Body::Transform { sql } => {
+                if events {
+                    let cols: Vec<String> =
+                        self.target.table_columns().map(|(_, c)| quote_ident(&c.name)).collect();
+                    conn.execute_batch(&format!("INSERT INTO {target} ({}) {sql}", cols.join(", ")))
+                        .map_err(|e| sink_error(&target, e))?;
+                }
+                return Ok(());
+            }
+            Body::Engine { projection } => {
+                let all: Vec<&Part<'_>> = cycle.windows.iter().filter(|p| !p.rows.is_empty()).collect();
+                if !all.is_empty() {
+                    let (_lent, rows) = lend(&all);
+                    let query = format!(
+                        "SELECT {} FROM ({})",
+                        self.outputs(projection.iter().cloned()).join(", "),
+                        cast_columns(&self.engine, &rows)
+                    );
+                    write_rows(conn, &target, &self.target, &query, target_verb)?;
+                }
+                self.write_late(conn, cycle, None, late_verb)?;
+            }
+            Body::Staged { row_step, close, .. } => {
+                let Some(staging) = &self.staging else {
+                    return Ok(());
+                };
+                if events {
+                    conn.execute_batch(&format!(
+                        "CREATE OR REPLACE TEMP TABLE __se_step AS {row_step}"
+                    ))
+                    .map_err(|e| sink_error(&target, e))?;
+                }
+                let rows_table = events.then_some("__se_step");
+                self.write_late(conn, cycle, rows_table, late_verb)?;
+                self.write_windows(conn, staging, cycle, rows_table, close, target_verb)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `__se_events`, the cycle's events typed as the statement reads them; false when the
+    /// cycle staged none.
+    fn events_table(&self, conn: &Connection, staged: &[StagedPart<'_>]) -> Result<bool> {
+        if matches!(self.stmt.body, Body::Engine { .. }) {
+            return Ok(false);
+        }
+        let parts: Vec<&StagedPart<'_>> = staged.iter().filter(|p| !p.rows.is_empty()).collect();
+        if parts.is_empty() {
+            return Ok(false);
+        }
+        let lent: Vec<Lent> = parts
+            .iter()
+            .map(|p| Lent::new(std::sync::Arc::new(p.rows.clone())))
+            .collect();
+        let exprs: Vec<String> = self
+            .events
+            .iter()
+            .map(|(n, _, e)| format!("{e} AS {}", quote_ident(n)))
+            .collect();
+        let selects: Vec<String> = lent
+            .iter()
+            .map(|l| format!("SELECT {} FROM {}", exprs.join(", "), super::insert::batch_ref(l)))
+            .collect();
+        conn.execute_batch(&format!(
+            "CREATE OR REPLACE TEMP TABLE __se_events AS {}",
+            selects.join(" UNION ALL ")
+        ))
+        .map_err(|e| sink_error(&self.stmt.target.sql(), e))?;
+        Ok(true)
+    }
+
+    /// The target's columns `c0, ...` from the statement's (`stmt`) and the engine row's
+    /// revision columns and partition (the engine's rows as `c0, ...`, or as `r.c0, ...`).
+    fn outputs(&self, stmt: impl Iterator<Item = String>) -> Vec<String> {
+        self.outputs_from(stmt, "")
+    }
+
+    fn outputs_from(&self, stmt: impl Iterator<Item = String>, row: &str) -> Vec<String> {
+        let mut out: Vec<String> = stmt.collect();
+        if let Some((fin, rev, ret)) = revision_columns(&self.engine) {
+            if self.target.columns.iter().any(|c| c.name == "final") {
+                out.extend([fin, rev, ret].map(|i| format!("{row}c{i}")));
+            }
+        }
+        if self.partitioned {
+            out.push(format!("{row}c{}", self.engine.columns.len() - 1));
+        }
+        out.iter()
+            .enumerate()
+            .map(|(i, e)| format!("{e} AS c{i}"))
+            .collect()
+    }
+
+    /// The late events of the statement (those its FROM and WHERE keep, when `rows` holds its
+    /// row step), each with the statement's target.
+    fn write_late(
+        &self,
+        conn: &Connection,
+        cycle: &Cycle<'_>,
+        rows: Option<&str>,
+        verb: Verb,
+    ) -> Result<()> {
+        let all: Vec<&Part<'_>> = cycle.late.iter().filter(|p| !p.rows.is_empty()).collect();
+        if all.is_empty() {
+            return Ok(());
+        }
+        let schema = SqlOutput::late_schema(cycle.late_schema);
+        let (_lent, query) = lend(&all);
+        let at = |name: &str| {
+            cycle
+                .late_schema
+                .columns
+                .iter()
+                .position(|c| c.name == name)
+                .unwrap_or(0)
+        };
+        let n = cycle.late_schema.columns.len();
+        let cols: Vec<String> = (0..n).map(|i| format!("c{i}")).collect();
+        let kept = match (rows, &self.stmt.body) {
+            (Some(r), _) => format!(
+                " WHERE EXISTS (SELECT 1 FROM {r} __se_r WHERE __se_r.\"partition\" = l.c{} AND __se_r.\"offset\" = l.c{})",
+                at("partition"),
+                at("offset")
+            ),
+            (None, Body::Staged { .. }) => " WHERE false".to_string(),
+            (None, _) => String::new(),
+        };
+        let q = format!(
+            "SELECT {}, {} AS c{n} FROM ({query}) l{kept}",
+            cols.join(", "),
+            quote_literal(&self.stmt.target_shown)
+        );
+        write_rows(conn, cycle.late_table, &schema, &q, verb)
+    }
+
+    /// A staged statement's window rows, and its staged rows kept and dropped.
+    fn write_windows(
+        &self,
+        conn: &Connection,
+        staging: &Staging,
+        cycle: &Cycle<'_>,
+        rows_table: Option<&str>,
+        close: &str,
+        verb: Verb,
+    ) -> Result<()> {
+        let target = self.stmt.target.sql();
+        let parts: Vec<&Part<'_>> = cycle.windows.iter().collect();
+        let (_rows_lent, rows) = lend(&parts);
+        let live: Vec<(Option<i32>, Option<i64>)> = cycle
+            .staged
+            .iter()
+            .map(|p| (p.partition, p.live_from_pane_ms))
+            .collect();
+        let st = &staging.table;
+        let new = match rows_table {
+            Some(r) => format!("SELECT * FROM {r} WHERE {FATE_COLUMN} <> {LATE}"),
+            None => format!("SELECT * FROM {st} WHERE false"),
+        };
+        if rows_table.is_some() {
+            conn.execute_batch(&staging.keep_new(&new, &rows, &live))
+                .map_err(|e| sink_error(st, e))?;
+        }
+        if cycle.windows.iter().any(|p| !p.rows.is_empty()) {
+            let n = self.stmt.columns.len();
+            let named: Vec<String> = (0..n).map(|i| format!("__se_o{i}")).collect();
+            let outs = self.outputs_from(named.iter().map(|c| format!("s.{c}")), "r.");
+            let mut query = format!(
+                "{}SELECT {} FROM ({close}) AS s({}, __se_w) JOIN __se_rows r ON r.__se_w = s.__se_w",
+                staging.ctes(&rows, &new, Some(&live), true),
+                outs.join(", "),
+                named.join(", ")
+            );
+            if let (Some((_, _, ret)), Body::Staged { .. }) =
+                (revision_columns(&self.engine), &self.stmt.body)
+            {
+                // A session merged into another: its row goes (retracted), its keys and bounds
+                // as they were.
+                let bounds = self.retracted_columns();
+                let outs = self.outputs_from(bounds.into_iter(), "r.");
+                query = format!(
+                    "SELECT * FROM ({query}) UNION ALL SELECT {} FROM ({}) r WHERE r.c{ret}",
+                    outs.join(", "),
+                    staging.keyed_rows(&rows, false)
+                );
+            }
+            write_rows(conn, &target, &self.target, &query, verb)?;
+        }
+        conn.execute_batch(&staging.drop_done(&rows, &live))
+            .map_err(|e| sink_error(st, e))
+    }
+
+    /// A retracted row's statement columns: its keys and window bounds, NULL elsewhere.
+    fn retracted_columns(&self) -> Vec<String> {
+        self.stmt.retract.clone()
+    }
+}
+
+/// What one cycle holds for a statement.
+pub struct Cycle<'a> {
+    pub windows: &'a [Part<'a>],
+    pub late: &'a [Part<'a>],
+    pub staged: &'a [StagedPart<'a>],
+    /// The late table, and its rows' shape as the batch has them.
+    pub late_table: &'a str,
+    pub late_schema: &'a TableSchema,
+}
