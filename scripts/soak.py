@@ -292,6 +292,8 @@ def soak(variant, minutes, rate, kill_every, prepared, label=None):
     next_kill = began + kill_every
     while time.time() < end:
         time.sleep(1)
+        if restarts > 20:
+            raise RuntimeError("the job keeps failing: see " + log.name)
         now = time.time()
         job = jobs[-1]
         if job.proc.poll() is not None:
@@ -407,8 +409,10 @@ def main():
     kill_every = float(os.environ.get("SOAK_KILL_EVERY", "180"))
     variants = [a.split("=", 1)[1] for a in args if a.startswith("--variant=")] or ["files"]
     if not os.environ.get("SOAK_EXTENSION"):
-        os.makedirs(os.path.join(ROOT, "bench-out"), exist_ok=True)
-        copy = os.path.join(ROOT, "bench-out", f"soak-{os.getpid()}.duckdb_extension")
+        # (The file's name is the extension's: DuckDB looks for its entrypoint by it.)
+        directory = os.path.join(ROOT, "bench-out", f"soak-ext-{os.getpid()}")
+        os.makedirs(directory, exist_ok=True)
+        copy = os.path.join(directory, "streaming_etl.duckdb_extension")
         shutil.copy(ext_path(), copy)
         os.environ["SOAK_EXTENSION"] = copy
     prepared = "--prepared" in args

@@ -387,6 +387,7 @@ fn bind_sql(host: &Arc<Host>, args: &dyn Args, plan: &mut RunPlan, text: &str) -
         subscribe: plan.subscribe,
     };
     let job = crate::sql::plan(conn, &given, &mut plan.job.engine)?;
+    crate::sql::check_targets(conn, &job, plan.job.engine.revisions(), plan.subscribe)?;
     if let Some(target) = job.statements.first().map(|s| s.target.clone()) {
         let named = |p: &str| args.named(p).is_some_and(|a| !matches!(a, Arg::Null));
         if !named("late_table") {

@@ -201,6 +201,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         resolver: Default::default(),
         stage_all: false,
         typed_inputs: false,
+        null_keys: false,
     };
     if engine.revisions() && sql.is_none() {
         check_revision_columns(&given, &engine)?;

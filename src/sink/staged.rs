@@ -51,6 +51,8 @@ pub struct Staging {
     /// A statement of a job written as SQL: the staged table holds its row step's columns
     /// (the engine's, its partition among them, then the statement's).
     statement_rows: Option<Vec<(String, String)>>,
+    /// Keys may be NULL (a job written as SQL): they match with NULLs equal.
+    null_keys: bool,
 }
 
 /// The table of a job's staged events, beside its windows table:
@@ -92,6 +94,7 @@ impl Staging {
             correction: position(streaming_etl_core::CORRECTION_COLUMN),
             partitioned,
             statement_rows: None,
+            null_keys: cfg.null_keys,
         })
     }
 
@@ -207,8 +210,9 @@ impl Staging {
     /// it: the rows' keys are their columns `k0, ...` and `kp` (see [`Staging::keyed_rows`]).
     pub(super) fn key_match(&self, events: &str, rows: &str) -> String {
         let mut out = String::new();
+        let eq = if self.null_keys { "IS NOT DISTINCT FROM" } else { "=" };
         for (i, k) in self.keys.iter().enumerate() {
-            out += &format!("{events}.{} = {rows}.k{i} AND ", quote_ident(k));
+            out += &format!("{events}.{} {eq} {rows}.k{i} AND ", quote_ident(k));
         }
         if self.partitioned {
             out += &format!("{events}.\"partition\" = {rows}.kp AND ");
@@ -328,6 +332,12 @@ impl Staging {
             ),
             WindowKind::Hopping { hop_ms } => format!(
                 "SELECT {row}, e.* FROM (SELECT *, unnest(range(c0, c1, {hop_ms})) AS __se_p FROM __se_live) r JOIN __se_events e ON {keys}e.{PANE} = r.__se_p{placed}"
+            ),
+            // (DuckDB 1.4's ASOF join drops NULL keys that IS NOT DISTINCT FROM matches; a key's
+            // sessions never overlap, so a range join finds the same one.)
+            WindowKind::Session if self.null_keys => format!(
+                "SELECT {row}, e.* FROM __se_events e JOIN __se_live r ON {keys}e.event_time_ms >= r.c0 AND e.event_time_ms <= r.c1 - {}",
+                self.window_ms
             ),
             WindowKind::Session => format!(
                 "SELECT {row}, e.* FROM __se_events e ASOF JOIN __se_live r ON {keys}e.event_time_ms >= r.c0 WHERE e.event_time_ms <= r.c1 - {}",

@@ -66,20 +66,14 @@ pub fn millis(conn: &Connection, answer: &str, expr: &Value) -> Result<i64, Stri
     let sql = print(conn, answer, &select)?;
     let v: DuckValue = conn
         .query_row(&sql, [], |r| r.get(0))
-        .map_err(|e| message(&e))?;
+        .map_err(|e| format!("could not be evaluated: {}", message(&e)))?;
     let ms = match v {
         DuckValue::Interval { months, days, nanos } => {
             if months != 0 {
-                return Err(format!(
-                    "{} is not of fixed length (it counts months); give it in days, hours, minutes, seconds or milliseconds",
-                    sql.trim_start_matches("SELECT ")
-                ));
+                return Err("is not of fixed length (it counts months); give it in days, hours, minutes, seconds or milliseconds".into());
             }
             if nanos % 1_000_000 != 0 {
-                return Err(format!(
-                    "{} is not a whole number of milliseconds",
-                    sql.trim_start_matches("SELECT ")
-                ));
+                return Err("is not a whole number of milliseconds".into());
             }
             i64::from(days)
                 .checked_mul(86_400_000)
@@ -96,12 +90,12 @@ pub fn millis(conn: &Connection, answer: &str, expr: &Value) -> Result<i64, Stri
         DuckValue::UBigInt(x) => i64::try_from(x).ok(),
         _ => {
             return Err(format!(
-                "{} is not an INTERVAL (or a number of milliseconds)",
+                "is not an INTERVAL or a number of milliseconds ({})",
                 sql.trim_start_matches("SELECT ")
             ))
         }
     };
-    ms.ok_or_else(|| format!("{} is out of range", sql.trim_start_matches("SELECT ")))
+    ms.ok_or_else(|| "is out of range".to_string())
 }
 
 /// `DESCRIBE` of a query: its columns' names and types.

@@ -11,4 +11,4 @@ mod plan;
 mod shape;
 mod text;
 
-pub use plan::{events_columns, plan, Body, Given, SqlJob, SqlStatement};
+pub use plan::{check_targets, events_columns, plan, Body, Given, SqlJob, SqlStatement};

@@ -23,7 +23,6 @@ use duckdb::Connection;
 use serde_json::Value;
 use streaming_etl_core::{
     AggSpec, EngineConfig, EtlError, KeyColumn, Repr, Result, Role, TypedColumn, WindowKind,
-    FATE_COLUMN,
 };
 
 use super::ast;
@@ -193,6 +192,55 @@ pub fn plan(conn: &Connection, given: &Given<'_>, cfg: &mut EngineConfig) -> Res
     Ok(SqlJob { statements: out })
 }
 
+/// Checks that each statement's target, where it exists, has the columns the statement makes
+/// (`revisions`: and a window row's revision columns; `partitioned`: and `partition`), by name
+/// and type, in order: a target of another shape is refused before anything is written.
+pub fn check_targets(
+    conn: &Connection,
+    job: &SqlJob,
+    revisions: bool,
+    partitioned: bool,
+) -> Result<()> {
+    for s in &job.statements {
+        let mut want = s.columns.clone();
+        if revisions && !matches!(s.body, Body::Transform { .. }) {
+            want.extend(
+                [("final", "BOOLEAN"), ("revision", "BIGINT"), ("retracted", "BOOLEAN")]
+                    .map(|(n, t)| (n.to_string(), t.to_string())),
+            );
+        }
+        if partitioned {
+            want.push(("partition".into(), "INTEGER".into()));
+        }
+        let Some(have) = duck::table_columns(conn, &s.target.sql()) else {
+            continue;
+        };
+        let same = have.len() == want.len()
+            && have
+                .iter()
+                .zip(&want)
+                .all(|(h, w)| h.0.eq_ignore_ascii_case(&w.0) && h.1.eq_ignore_ascii_case(&w.1));
+        if !same {
+            let shown = |cols: &[(String, String)]| {
+                cols.iter()
+                    .map(|(n, t)| format!("{n} {t}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return Err(stmt_err(
+                &s.target_shown,
+                format!(
+                    "the existing table {} has the columns ({}), and the statement writes ({}); drop or rename it, or INSERT INTO another table",
+                    s.target_shown,
+                    shown(&have),
+                    shown(&want)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A long statement, shortened for an error message.
 fn shorten(text: &str) -> String {
     let one: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
@@ -283,7 +331,7 @@ fn plan_statement(
     };
     let mut ms = Vec::new();
     for (arg, node) in wf.interval_args().iter().zip(intervals) {
-        let v = duck::millis(conn, &answer, node).map_err(|m| fail(format!("{}'s {arg}: {m}", wf.name())))?;
+        let v = duck::millis(conn, &answer, node).map_err(|m| fail(format!("{}'s {arg} {m}", wf.name())))?;
         if v <= 0 {
             return Err(fail(format!("{}'s {arg} must be > 0 (got {v} ms)", wf.name())));
         }
@@ -305,6 +353,7 @@ fn plan_statement(
     };
     cfg.time.window_ms = *ms.last().unwrap_or(&1);
     cfg.default_key = false;
+    cfg.null_keys = true;
     // The GROUP BY items that are stream columns are the engine's keys.
     let group_items: Vec<Value> = match &sh.group_by {
         Some(exprs) => exprs.clone(),
@@ -333,8 +382,10 @@ fn plan_statement(
             }
         }
     }
-    if *wf == WindowFn::Session && other_keys {
-        return Err(fail("a SESSION statement groups by stream columns only (besides window_start): its sessions are per key as events arrive; computed or joined keys need TUMBLE or HOP".into()));
+    // A key's sessions are the engine's, per the GROUP BY's stream columns; other keys split a
+    // session's rows. A session merged into another retracts its row by those keys alone.
+    if *wf == WindowFn::Session && other_keys && cfg.revisions() {
+        return Err(fail("a SESSION statement with emit := 'update' or late_updates_ms groups by stream columns only (besides window_start): a session merged into another retracts its row by them; computed or joined keys need TUMBLE or HOP, or emit := 'close'".into()));
     }
     cfg.keys = key_cols
         .iter()

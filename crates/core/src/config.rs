@@ -115,6 +115,9 @@ pub struct EngineConfig {
     /// Aggregates over a typed column read its converted value (a job written as SQL), not the
     /// field as it is in the message.
     pub typed_inputs: bool,
+    /// A NULL typed key is a key (a job written as SQL groups NULLs as SQL does), not a dead
+    /// letter.
+    pub null_keys: bool,
 }
 
 /// What the engine did with a staged event (a job that stages every event).
@@ -164,6 +167,7 @@ impl EngineConfig {
             resolver: ResolverHandle::default(),
             stage_all: false,
             typed_inputs: false,
+            null_keys: false,
         }
     }
 

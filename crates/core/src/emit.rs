@@ -55,7 +55,7 @@ impl Shape {
         let mut row = out.row();
         row.i64(start).i64(end);
         for part in key_parts(key, self.nkeys) {
-            row.str(part);
+            row.opt_str(part);
         }
         match states {
             Some(states) => {

@@ -82,6 +82,8 @@ pub(crate) struct FieldPlan {
     typed: Vec<TypedInput>,
     /// Per key column: the typed column it is read as, if any.
     key_typed: Vec<Option<usize>>,
+    /// A NULL typed key is a key of its own ([`NULL_KEY`]), not a dead letter.
+    null_keys: bool,
     /// Aggregates that take their input from a typed column's converted value (a job written
     /// as SQL: `sum(amount)` sums the DOUBLE DuckDB's conversion gives), with that column.
     typed_inputs: Vec<(usize, usize)>,
@@ -220,6 +222,7 @@ impl FieldPlan {
             typed,
             key_typed,
             typed_inputs,
+            null_keys: cfg.null_keys,
         }
     }
 
@@ -475,6 +478,8 @@ impl FieldPlan {
             if let Some(j) = self.key_typed.get(k).copied().flatten() {
                 let owned;
                 let text: &[u8] = match typed.get(j).copied().unwrap_or(OwnedTyped::Null) {
+                    // A job written as SQL groups NULL keys as SQL does.
+                    OwnedTyped::Null if self.null_keys => &NULL_KEY,
                     OwnedTyped::Null if v.kind == Kind::Missing => {
                         return Err(Reject::Missing(Role::Key, i))
                     }
@@ -614,7 +619,7 @@ fn input<'a>(
 }
 
 /// The key columns' values of an encoded key (`n` columns).
-pub(crate) fn key_parts(key: &[u8], n: usize) -> impl Iterator<Item = &str> {
+pub(crate) fn key_parts(key: &[u8], n: usize) -> impl Iterator<Item = Option<&str>> {
     let mut rest = key;
     let mut left = n;
     std::iter::from_fn(move || {
@@ -633,9 +638,12 @@ pub(crate) fn key_parts(key: &[u8], n: usize) -> impl Iterator<Item = &str> {
             rest = &rest[(4 + len).min(rest.len())..];
             p
         };
-        Some(std::str::from_utf8(part).unwrap_or_default())
+        Some((part != NULL_KEY).then(|| std::str::from_utf8(part).unwrap_or_default()))
     })
 }
+
+/// A NULL key part: one byte no key's UTF-8 text can be.
+pub(crate) const NULL_KEY: [u8; 1] = [0xFF];
 
 /// The `key` column of a late event: the key itself for one key column, a JSON array of the
 /// values for several, NULL for none.
@@ -643,6 +651,7 @@ pub(crate) fn late_key(key: &[u8], n: usize, out: &mut String) -> bool {
     out.clear();
     match n {
         0 => false,
+        1 if key == NULL_KEY => false,
         1 => {
             out.push_str(std::str::from_utf8(key).unwrap_or_default());
             true
@@ -653,7 +662,10 @@ pub(crate) fn late_key(key: &[u8], n: usize, out: &mut String) -> bool {
                 if i > 0 {
                     out.push(',');
                 }
-                json_string(part, out);
+                match part {
+                    Some(p) => json_string(p, out),
+                    None => out.push_str("null"),
+                }
             }
             out.push(']');
             true
@@ -849,7 +861,7 @@ mod tests {
         let mut key = Vec::new();
         plan.key(&f, None, (&[], &[]), &mut key).unwrap();
         assert_eq!(
-            key_parts(&key, 3).collect::<Vec<_>>(),
+            key_parts(&key, 3).map(Option::unwrap_or_default).collect::<Vec<_>>(),
             vec!["eu", "A\"1", "true"]
         );
         let mut late = String::new();

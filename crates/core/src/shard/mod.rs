@@ -373,7 +373,7 @@ impl Shard {
         let cfg = &self.cfg;
         let mut row = self.out.staged.row();
         for part in key_parts(chunk.key(i), cfg.keys.len()) {
-            row.str(part);
+            row.opt_str(part);
         }
         match cfg.window {
             WindowKind::Tumbling => {
