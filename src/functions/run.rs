@@ -182,7 +182,7 @@ fn start(
     host: &Arc<Host>,
 ) -> Result<AnyRun> {
     if plan.subscribe {
-        return start_group(plan, catalog, host).map(|r| AnyRun::Group(Box::new(r)));
+        return start_group(plan, catalog, sql, host).map(|r| AnyRun::Group(Box::new(r)));
     }
     let job = &plan.job;
     let (lock, checkpoint) = match &job.checkpoint {
@@ -223,7 +223,12 @@ fn with_resolver(job: &JobConfig, conn: &SharedConn) -> JobConfig {
 
 /// A consumer group member: no checkpoint file and no job lock (several processes run the
 /// job); its partitions' state is claimed from and committed to the output catalog.
-fn start_group(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Result<GroupRun> {
+fn start_group(
+    plan: &RunPlan,
+    catalog: &OutputCatalog,
+    sql: Option<&SqlJob>,
+    host: &Arc<Host>,
+) -> Result<GroupRun> {
     let job = &plan.job;
     let conn = SharedConn::new(host.checkout()?);
     let job = &with_resolver(job, &conn);
@@ -243,7 +248,11 @@ fn start_group(plan: &RunPlan, catalog: &OutputCatalog, host: &Arc<Host>) -> Res
         catalog.clone(),
         plan.compaction,
     )
-    .with_staging(staging);
+    .with_staging(staging)
+    .with_sql(
+        sql.and_then(|j| j.statements.first())
+            .map(|s| SqlOutput::new(s, &job.engine, &windows, true)),
+    );
     let SourceSpec::Kafka { topic } = &plan.source else {
         return Err(EtlError::Internal("subscribe without a Kafka topic".into()));
     };

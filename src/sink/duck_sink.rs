@@ -30,7 +30,7 @@ use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
 use super::catalog::OutputCatalog;
 use super::insert::{insert, insert_staged, Part, StagedPart, Verb};
 use super::lake::{compact, with_retry};
-use super::sql_cycle::{Cycle, SqlOutput, OUTPUT_COLUMN};
+use super::sql_cycle::{add_output_column, Cycle, SqlOutput};
 use super::staged::{ensure_staged_table, Staging};
 use super::tables::{ensure_table, revision_columns, sink_error};
 use crate::host::connections::SharedConn;
@@ -255,15 +255,6 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
     result
 }
 
-/// Whether `table` exists.
-fn has_table(conn: &Connection, table: &str) -> bool {
-    let exists = conn.prepare(&format!("SELECT 1 FROM {table} LIMIT 0")).is_ok();
-    if !exists {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
-    exists
-}
-
 /// Whether the marker table records this batch as applied.
 fn applied(conn: &Connection, marker: &str, out: &Output<'_>) -> Result<bool> {
     conn.query_row(
@@ -289,17 +280,8 @@ impl OutputSink for DuckSink {
                 dead: schemas.dead.clone(),
             }
         });
-        if sql.is_some() && has_table(conn, &tables.late) {
-            // An existing late table of a parameter job: the statement's name goes in `output`.
-            let late = &tables.late;
-            conn.execute_batch(&format!(
-                "ALTER TABLE {late} ADD COLUMN IF NOT EXISTS {} VARCHAR",
-                crate::params::quote_ident(OUTPUT_COLUMN)
-            ))
-            .map_err(|e| {
-                let _ = conn.execute_batch("ROLLBACK");
-                sink_error(late, e)
-            })?;
+        if sql.is_some() {
+            add_output_column(conn, &tables.late)?;
         }
         let schemas = sql_schemas.as_ref().unwrap_or(schemas);
         for ((table, schema), k) in tables.as_ref().zip(schemas.as_ref()).zip(keys.as_mut()) {

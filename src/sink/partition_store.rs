@@ -26,6 +26,7 @@ use streaming_etl_runtime::group::{
 
 use super::catalog::OutputCatalog;
 use super::insert::{insert_parts, insert_staged, Part, StagedPart, Verb};
+use super::sql_cycle::{add_output_column, Cycle, SqlOutput};
 use super::lake::{
     compact, keep_in_files, restore_retry_wait, shorten_retry_wait, with_retry, with_retry_for,
 };
@@ -98,6 +99,8 @@ pub struct LakeStore {
     staging: Option<Staging>,
     /// Whether DuckLake's retry wait was shortened on the connection (see `shorten_retry_wait`).
     short_retry_wait: bool,
+    /// A job written as SQL: its statement's output (see `sql_cycle`).
+    sql: Option<SqlOutput>,
 }
 
 impl Drop for LakeStore {
@@ -136,7 +139,18 @@ impl LakeStore {
             commits: 0,
             staging: None,
             short_retry_wait: false,
+            sql: None,
         }
+    }
+
+    /// A store for a job written as SQL: its statement's rows, late events and staged rows
+    /// commit with each partition's state.
+    pub fn with_sql(mut self, sql: Option<SqlOutput>) -> LakeStore {
+        if let Some(s) = &sql {
+            self.staging = s.staging().cloned();
+        }
+        self.sql = sql;
+        self
     }
 
     /// A store for a job whose aggregates DuckDB computes in part (see `staged`): each
@@ -479,6 +493,35 @@ impl LakeStore {
                     .map_err(duck(&staging.table))?;
             }
         }
+        if let Some(sql) = &self.sql {
+            let rows_of = |pick: fn(&Batch) -> &Rows, with_partition: bool| -> Vec<Part<'_>> {
+                parts
+                    .iter()
+                    .map(|p| Part {
+                        rows: pick(p.batch),
+                        partition: with_partition.then_some(p.partition),
+                    })
+                    .collect()
+            };
+            let (windows, late) = (rows_of(pick[0], true), rows_of(pick[1], false));
+            let staged: Vec<StagedPart<'_>> = parts
+                .iter()
+                .map(|p| StagedPart {
+                    rows: &p.batch.staged.rows,
+                    partition: Some(p.partition),
+                    live_from_pane_ms: p.batch.staged.live_from_pane_ms,
+                })
+                .collect();
+            let cycle = Cycle {
+                windows: &windows,
+                late: &late,
+                staged: &staged,
+                late_table: &self.tables.late,
+                late_schema: &schemas.late,
+            };
+            sql.write(conn, &cycle, verb, verb)?;
+            return insert_parts(conn, &self.tables.dead, &schemas.dead, &rows_of(pick[2], false), verb);
+        }
         for (i, ((table, schema), rows_of)) in targets.into_iter().zip(pick).enumerate() {
             let rows: Vec<Part<'_>> = parts
                 .iter()
@@ -516,7 +559,13 @@ impl PartitionStore for LakeStore {
         }
         let mut schemas = schemas.clone();
         schemas.windows = windows_with_partition(&schemas.windows);
-        for (table, schema) in self.tables.as_ref().zip(schemas.as_ref()).iter() {
+        let mut tables_of = schemas.clone();
+        if let Some(sql) = &self.sql {
+            tables_of.windows = sql.target.clone();
+            tables_of.late = SqlOutput::late_schema(&schemas.late);
+            add_output_column(conn, &self.tables.late)?;
+        }
+        for (table, schema) in self.tables.as_ref().zip(tables_of.as_ref()).iter() {
             with_retry(table, || {
                 ensure_table(conn, table, &schema.without_key(), false)
                     .inspect_err(|_| {

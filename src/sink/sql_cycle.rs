@@ -67,7 +67,8 @@ impl SqlOutput {
                 columns.extend(engine.columns[fin..fin + 3].iter().cloned());
             }
         }
-        if partitioned {
+        // (A transform's rows have their partition among its columns.)
+        if partitioned && !matches!(stmt.body, Body::Transform { .. }) {
             columns.push(Column::new("partition", ColumnType::Integer));
             if !key.is_empty() {
                 key.push("partition".into());
@@ -320,6 +321,24 @@ impl SqlOutput {
     fn retracted_columns(&self) -> Vec<String> {
         self.stmt.retract.clone()
     }
+}
+
+/// Adds `output` to an existing late table (one a parameter job made), where the statement's
+/// name goes.
+pub fn add_output_column(conn: &Connection, late: &str) -> Result<()> {
+    let exists = conn.prepare(&format!("SELECT 1 FROM {late} LIMIT 0")).is_ok();
+    if !exists {
+        let _ = conn.execute_batch("ROLLBACK");
+        return Ok(());
+    }
+    conn.execute_batch(&format!(
+        "ALTER TABLE {late} ADD COLUMN IF NOT EXISTS {} VARCHAR",
+        quote_ident(OUTPUT_COLUMN)
+    ))
+    .map_err(|e| {
+        let _ = conn.execute_batch("ROLLBACK");
+        sink_error(late, e)
+    })
 }
 
 /// What one cycle holds for a statement.

@@ -209,7 +209,7 @@ pub fn check_targets(
                     .map(|(n, t)| (n.to_string(), t.to_string())),
             );
         }
-        if partitioned {
+        if partitioned && !matches!(s.body, Body::Transform { .. }) {
             want.push(("partition".into(), "INTEGER".into()));
         }
         let Some(have) = duck::table_columns(conn, &s.target.sql()) else {
@@ -317,8 +317,22 @@ fn plan_statement(
         typing
             .table("__se_events", &events.iter().map(|(n, t, _)| (n.clone(), t.clone())).collect::<Vec<_>>())
             .map_err(EtlError::Duck)?;
-        let sql = duck::print(conn, &answer, &replace_stream(&node, &sh, conn)?).map_err(&fail)?;
-        duck::describe(conn, &sql).map_err(&fail)?;
+        let mut node = replace_stream(&node, &sh, conn)?;
+        if given.subscribe && !columns.iter().any(|(n, _)| n.eq_ignore_ascii_case("partition")) {
+            // A member's rows carry the partition they were read from, as windowed rows do.
+            let (_, t) = duck::parse(conn, &format!("SELECT {s}.\"partition\" AS \"partition\" FROM __se_events AS {s}", s = quote_ident(&sh.stream)))
+                .map_err(EtlError::Duck)?;
+            let item = t.get("select_list").and_then(Value::as_array).and_then(|l| l.first()).cloned();
+            if let (Some(list), Some(item)) = (node.get_mut("select_list").and_then(Value::as_array_mut), item) {
+                list.push(item);
+            }
+            columns.push(("partition".into(), "INTEGER".into()));
+        }
+        let sql = duck::print(conn, &answer, &node).map_err(&fail)?;
+        let typed = duck::describe(conn, &sql).map_err(&fail)?;
+        for (c, t) in columns.iter_mut().zip(typed) {
+            c.1 = t.1;
+        }
         return Ok(SqlStatement {
             target_shown,
             target,

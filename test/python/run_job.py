@@ -1,6 +1,8 @@
 """Runs one streaming_etl job in its own process (for kill and concurrency tests).
 
 usage: run_job.py <db> <topic> <window_ms> <lateness_ms> [name=sql-value ...] [--announce]
+       run_job.py <db> <topic> sql <file> [name=sql-value ...] [--announce]   (a job written as SQL:
+       streaming_etl_sql(topic, <the file's text>, ...))
 (--announce prints "loaded" once the extension is loaded, so a test can time a kill.)
 Prints each result row as a JSON line; the last one is the run's totals.
 
@@ -36,7 +38,12 @@ def main():
     if announce:
         print("loaded", flush=True)
     args = "".join(f", {n.split('=', 1)[0]} := {n.split('=', 1)[1]}" for n in named)
-    cur = con.execute(f"SELECT * FROM streaming_etl_run('{topic}', {window}, {lateness}{args})")
+    if window == "sql":
+        with open(lateness) as f:
+            text = f.read().replace("'", "''")
+        cur = con.execute(f"SELECT * FROM streaming_etl_sql('{topic}', '{text}'{args})")
+    else:
+        cur = con.execute(f"SELECT * FROM streaming_etl_run('{topic}', {window}, {lateness}{args})")
     cols = [d[0] for d in cur.description]
     for row in cur.fetchall():
         print(json.dumps(dict(zip(cols, row))), flush=True)

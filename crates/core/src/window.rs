@@ -590,6 +590,18 @@ impl PaneStore {
         self.emit_changed(Pick::Cycle { watermark_ms }, out)
     }
 
+    /// Writes the corrections of closed windows whose late events are not in a row yet (a flush
+    /// is about to close everything and move the watermark past every kept window).
+    pub(crate) fn emit_corrections(&mut self, out: &mut Rows) -> usize {
+        self.emit_changed(
+            Pick::Expiring {
+                from: i64::MIN,
+                to: i64::MAX,
+            },
+            out,
+        )
+    }
+
     /// Writes the windows `pick` chooses among those of changed pane entries whose last row
     /// does not hold the change yet.
     fn emit_changed(&mut self, pick: Pick, out: &mut Rows) -> usize {

@@ -269,6 +269,11 @@ impl Shard {
                     }
                 }
                 Op::Flush => {
+                    if let Windows::Panes(p) = &mut self.windows {
+                        // Late corrections of closed windows go first: the flush moves the
+                        // watermark past every window they were kept for.
+                        p.emit_corrections(&mut self.out.windows);
+                    }
                     let before = self.out.windows.len();
                     let out = &mut self.out.windows;
                     let last = match &mut self.windows {
