@@ -122,7 +122,8 @@ sqltest: release configure
 # The core of the Python tests (semantics, windows, files, host, sandbox), also run on the other
 # DuckDB lines; DuckLake's tests run on 1.4 (the line PyPI has its extensions for).
 CORE_TESTS := test/python/test_semantics.py test/python/test_windows.py test/python/test_file_source.py \
-              test/python/test_host.py test/python/test_sandbox.py test/python/test_duckdb_aggregates.py
+              test/python/test_host.py test/python/test_sandbox.py test/python/test_duckdb_aggregates.py \
+              test/python/test_sql_jobs.py
 
 pytest: release fault tools configure $(TANSU) $(CARGO_FUZZ)
 	$(PY) -m pytest -q test/python

@@ -519,7 +519,11 @@ impl LakeStore {
                 late_table: &self.tables.late,
                 late_schema: &schemas.late,
             };
-            sql.write(conn, &cycle, verb, verb)?;
+            // A partition's windows close once, and its rows commit with its state: a statement
+            // without revisions appends them (DuckLake 1.4's MERGE of such rows failed in the
+            // Parquet reader while members wrote at once; see docs/semantics.md).
+            let target_verb = if sql.revisions() { verb } else { Verb::Insert };
+            sql.write(conn, &cycle, target_verb, verb)?;
             return insert_parts(conn, &self.tables.dead, &schemas.dead, &rows_of(pick[2], false), verb);
         }
         for (i, ((table, schema), rows_of)) in targets.into_iter().zip(pick).enumerate() {

@@ -101,6 +101,12 @@ impl SqlOutput {
         self.staging.as_ref()
     }
 
+    /// Whether a window's rows may be written more than once (`emit := 'update'`,
+    /// `late_updates_ms`).
+    pub fn revisions(&self) -> bool {
+        revision_columns(&self.engine).is_some()
+    }
+
     /// The late table of a job written as SQL: the late events' columns, and `output`.
     pub fn late_schema(late: &TableSchema) -> TableSchema {
         let mut s = late.clone();
@@ -156,7 +162,7 @@ impl SqlOutput {
                     conn.execute_batch(&format!(
                         "CREATE OR REPLACE TEMP TABLE __se_step AS {row_step}"
                     ))
-                    .map_err(|e| sink_error(&target, e))?;
+                    .map_err(|e| sink_error(&target, format!("the statement's FROM and WHERE over the cycle's events: {e}")))?;
                 }
                 let rows_table = events.then_some("__se_step");
                 self.write_late(conn, cycle, rows_table, late_verb)?;
@@ -193,7 +199,7 @@ impl SqlOutput {
             "CREATE OR REPLACE TEMP TABLE __se_events AS {}",
             selects.join(" UNION ALL ")
         ))
-        .map_err(|e| sink_error(&self.stmt.target.sql(), e))?;
+        .map_err(|e| sink_error(&self.stmt.target.sql(), format!("the cycle's events: {e}")))?;
         Ok(true)
     }
 
@@ -286,7 +292,7 @@ impl SqlOutput {
         };
         if rows_table.is_some() {
             conn.execute_batch(&staging.keep_new(&new, &rows, &live))
-                .map_err(|e| sink_error(st, e))?;
+                .map_err(|e| sink_error(st, format!("staging the rows of open windows: {e}")))?;
         }
         if cycle.windows.iter().any(|p| !p.rows.is_empty()) {
             let n = self.stmt.columns.len();
@@ -314,7 +320,7 @@ impl SqlOutput {
             write_rows(conn, &target, &self.target, &query, verb)?;
         }
         conn.execute_batch(&staging.drop_done(&rows, &live))
-            .map_err(|e| sink_error(st, e))
+            .map_err(|e| sink_error(st, format!("dropping the rows of closed windows: {e}")))
     }
 
     /// A retracted row's statement columns: its keys and window bounds, NULL elsewhere.

@@ -659,12 +659,11 @@ fn replace_in_from(from: &mut Value, events: &Value) -> bool {
     }
 }
 
-/// The name a reference is staged under, if it is one the row step keeps.
-fn staged(r: &Ref) -> String {
-    match &r.relation {
-        Some(rel) => format!("{rel}.{}", r.column),
-        None => format!(".{}", r.column),
-    }
+/// The name a reference is staged under: `__se_v<n>`, its place among the statement's
+/// references (a plain name: a lake's Parquet files take no dots in a column's name).
+fn staged(sh: &Shape, r: &Ref) -> String {
+    let n = sh.refs.iter().position(|x| x == r).unwrap_or(0);
+    format!("__se_v{n}")
 }
 
 /// The row step: the statement's FROM and WHERE over the cycle's events, selecting the engine's
@@ -681,7 +680,7 @@ fn row_step(node: &Value, sh: &Shape, engine: &[String], conn: &Connection) -> R
             Some(rel) => format!("{}.{}", quote_ident(rel), quote_ident(&r.column)),
             None => quote_ident(&r.column),
         };
-        items.push(format!("{expr} AS {}", quote_ident(&staged(r))));
+        items.push(format!("{expr} AS {}", quote_ident(&staged(sh, r))));
     }
     let (_, template) = duck::parse(conn, &format!("SELECT {} FROM __se_events AS {s}", items.join(", ")))
         .map_err(EtlError::Duck)?;
@@ -709,7 +708,7 @@ fn close(node: &Value, sh: &Shape, conn: &Connection) -> Result<Value> {
                 Some(rel) => format!("{}.{}", rel.to_ascii_lowercase(), r.column.to_ascii_lowercase()),
                 None => r.column.to_ascii_lowercase(),
             };
-            (key, staged(r))
+            (key, staged(sh, r))
         })
         .collect();
     let relations: Vec<String> = std::iter::once(sh.stream.clone()).chain(sh.lookups.iter().cloned()).collect();

@@ -65,11 +65,12 @@ def job_args(bootstrap, job, prefix, *extra):
 class Member:
     """One DuckDB process running the job (follow mode), its output in files."""
 
-    def __init__(self, tmp_path, name, env, topic, args):
+    def __init__(self, tmp_path, name, env, topic, args, form=("1000", "200")):
+        """`form`: the window and lateness, or ("sql", <file>) for a job written as SQL."""
         self.out = open(tmp_path / f"{name}.out", "w+")
         self.err = open(tmp_path / f"{name}.err", "w+")
         self.proc = subprocess.Popen(
-            [sys.executable, RUN_JOB, str(tmp_path / f"{name}.duckdb"), topic, "1000", "200", *args],
+            [sys.executable, RUN_JOB, str(tmp_path / f"{name}.duckdb"), topic, *map(str, form), *args],
             env=env, stdout=self.out, stderr=self.err)
 
     def signal(self, sig):
@@ -145,9 +146,9 @@ def assert_same(got, want):
         assert not doubled and not lost, (name, len(g), len(w), sorted(doubled)[:4], sorted(lost)[:4])
 
 
-def bounded_runs(tmp_path, names, env, topic, args):
+def bounded_runs(tmp_path, names, env, topic, args, form=("1000", "200")):
     """Bounded runs of the job in processes of their own, at once; the last row of each."""
-    runs = [subprocess.Popen([sys.executable, RUN_JOB, str(tmp_path / f"{n}.duckdb"), topic, "1000", "200", *args],
+    runs = [subprocess.Popen([sys.executable, RUN_JOB, str(tmp_path / f"{n}.duckdb"), topic, *map(str, form), *args],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in names]
     last = []
     for r in runs:

@@ -306,3 +306,50 @@ def test_a_lake_that_inlines_rows_keeps_what_members_delete_from_in_files(tmp_pa
              for t in ("streaming_etl_partitions", "windows")}
     assert files["streaming_etl_partitions"] > 0 and files["windows"] > 0, files
     assert_same(tables(con, ""), straight(tmp_path, env, con, mock.bootstrap, topic))
+
+
+SQL_JOB = """INSERT INTO lake.{prefix}by_region
+SELECT o.key, c.region, window_start, count(*) AS n, sum(o.value) AS total, median(o.value) AS med
+FROM TUMBLE(stream, event_time, INTERVAL 1 SECOND) AS o LEFT JOIN lake.customers AS c ON c.key = o.key
+WHERE o.value > 1
+GROUP BY ALL"""
+
+
+def test_a_sql_job_in_a_group_equals_one_process(tmp_path, postgres, mock):
+    """A job written as SQL (a lookup join with a table of the lake, WHERE, DuckDB's aggregates):
+    a member killed with SIGKILL while it follows the topic, then bounded runs by two members at
+    once, end with the rows of one straight process: each partition's staged rows, rows and
+    state move together."""
+    topic = "q" + uuid.uuid4().hex[:8]
+    mock.create_topic(topic, PARTITIONS)
+    catalog, data, con = new_lake(tmp_path, postgres)
+    con.execute("CREATE TABLE lake.customers AS SELECT 'k' || range AS key, 'r' || (range % 3) AS region FROM range(30)")
+    env = lake_env(catalog, data)
+    columns = "columns={'key': 'VARCHAR', 'payload.value AS value': 'DECIMAL(6,1)'}"
+    common = [f"brokers='{mock.bootstrap}'", "subscribe=true", f"kafka={GROUP_KAFKA}", columns, "lateness_ms=200"]
+    job = tmp_path / "job.sql"
+    job.write_text(SQL_JOB.format(prefix=""))
+    send(mock.bootstrap, topic, messages(0, 3000))
+    member = Member(tmp_path, "q", env, topic, [*common, "job='q'", "follow=true", "checkpoint_interval_ms=200"],
+                    form=("sql", job))
+    try:
+        wait_for(lambda: len(owned(con, "q")) == 1, [member], "the member owning partitions")
+        time.sleep(1)
+    finally:
+        member.stop()
+    for piece in range(2):
+        send(mock.bootstrap, topic, messages(3000 + piece * 2000, 2000, seed=piece))
+        bounded_runs(tmp_path, [f"q{piece}{i}" for i in range(2)], env, topic, [*common, "job='q'"], form=("sql", job))
+    bounded_runs(tmp_path, ["qlast"], env, topic, [*common, "job='q'"], form=("sql", job))
+    straight_job = tmp_path / "straight.sql"
+    straight_job.write_text(SQL_JOB.format(prefix="s_"))
+    [last] = bounded_runs(tmp_path, ["qs"], env, topic, [*common, "job='qs'", "late_table='lake.s_late_events'",
+                                                       "dead_letter_table='lake.s_dead_letters'"], form=("sql", straight_job))
+    assert last["status"] == "caught_up", last
+    rows = "SELECT key, region, epoch_ms(window_start), n, total, med, partition FROM lake.{p}by_region"
+    late = "SELECT partition, \"offset\", replace(output, 's_', '') FROM lake.{p}late_events"
+    for q in (rows, late):
+        got = sorted(con.execute(q.format(p="")).fetchall(), key=repr)
+        want = sorted(con.execute(q.format(p="s_")).fetchall(), key=repr)
+        assert_same([got, [], []], [want, [], []])
+    assert con.execute("SELECT count(*) FROM lake.by_region").fetchone()[0] > 100
