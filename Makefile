@@ -30,7 +30,7 @@ FOOTER     := python3 scripts/append_footer.py
 
 
 .PHONY: all configure venv release release-main release-lts debug fault tools install test test_release test_debug unit sqltest \
-        pytest demo demo-kafka demo-lake bench reliability readme clean clean_all fmt lint
+        pytest demo demo-kafka demo-lake bench reliability soak readme clean clean_all fmt lint
 
 all: release
 
@@ -167,10 +167,21 @@ bench: release tools configure $(NEXMARK)
 	$(PY) scripts/bench_formats.py
 	$(PY) scripts/bench_emit.py
 	$(PY) scripts/bench_sql_aggregates.py
+	$(PY) scripts/bench_sql_jobs.py
 	$(LTS_PY) scripts/group_scale.py --only commits
 	$(LTS_PY) scripts/group_scale.py --only cpu --cpu-events 1200000
 	$(LTS_PY) scripts/group_scale.py --only threads
 	$(LTS_PY) scripts/group_scale.py --only start
+
+# A continuous job for SOAK_MINUTES (default 10) at 30,000 events/s with kills, a broker restart and
+# a catalog restart: RSS, WAL, temp files and duckdb_memory() every 10 s, the accounting at the end;
+# figures and a plot into docs/reliability.md and docs/soak.png (scripts/soak.py).
+soak: release tools configure
+	$(PY) -m pip install -q matplotlib
+	$(PY) scripts/soak.py --variant=files --variant=kafka
+	$(PY) scripts/soak.py --variant=files --prepared
+	$(LTS_PY) scripts/soak.py --variant=lake
+	$(PY) scripts/soak.py --plot-only --write-docs
 
 # Rewrites the parameter table in README.md from the declaration in src/params/table.rs.
 readme:

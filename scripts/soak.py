@@ -404,6 +404,12 @@ def main():
     if args and args[0] == "--final":
         print(json.dumps(final_run(json.loads(args[1]))))
         return
+    out = os.path.join(ROOT, "bench-out", "soak.json")
+    if "--plot-only" in args:
+        results = json.load(open(out))
+        plot(results, os.path.join(ROOT, "docs", "soak.png"))
+        write_docs(results)
+        return
     minutes = float(os.environ.get("SOAK_MINUTES", "10"))
     rate = int(os.environ.get("SOAK_RATE", "30000"))
     kill_every = float(os.environ.get("SOAK_KILL_EVERY", "180"))
@@ -423,7 +429,6 @@ def main():
         shown = {k: v for k, v in r.items() if k != "samples"}
         print(json.dumps(shown), flush=True)
         results.append(r)
-    out = os.path.join(ROOT, "bench-out", "soak.json")
     old = json.load(open(out)) if os.path.exists(out) else []
     keep = [o for o in old if o["variant"] not in {r["variant"] for r in results}]
     json.dump(keep + results, open(out, "w"))

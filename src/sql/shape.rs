@@ -373,3 +373,93 @@ fn window_call(table_fn: &Value) -> Result<(WindowFn, Vec<Value>), Refused> {
     }
     Ok((wf, args[2..].iter().map(|(_, a)| (*a).clone()).collect()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// DuckDB's parse tree of a fixture query (test/data/sql_ast), as DuckDB 1.4.4 (`v14`) or
+    /// 2.0.1 (`v20`) writes it.
+    fn tree(name: &str, version: &str) -> Value {
+        let path = format!(
+            "{}/test/data/sql_ast/{name}.{version}.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        super::super::ast::query_node(&text).unwrap()
+    }
+
+    fn columns() -> Vec<String> {
+        ["amount", "customer_id", "status", "key", "a", "id", "event_time", "event_time_ms"]
+            .map(String::from)
+            .to_vec()
+    }
+
+    fn is_aggregate(f: &str) -> bool {
+        ["count", "sum", "list", "max"].contains(&f)
+    }
+
+    fn shaped(name: &str, version: &str) -> Result<Shape, Refused> {
+        shape(&tree(name, version), &columns(), &is_aggregate)
+    }
+
+    #[test]
+    fn a_windowed_statement_reads_the_same_from_both_versions_trees() {
+        for v in ["v14", "v20"] {
+            let s = shaped("enrich", v).unwrap();
+            let (wf, args) = s.window.as_ref().unwrap();
+            assert_eq!((*wf, args.len()), (WindowFn::Tumble, 1), "{v}");
+            assert_eq!(s.stream, "o");
+            assert_eq!(s.lookups, ["c"]);
+            assert_eq!(s.joins, ["INNER"]);
+            assert!(s.has_where);
+            assert!(s.group_by.is_none(), "GROUP BY ALL");
+            let refs: Vec<String> = s
+                .refs
+                .iter()
+                .map(|r| format!("{}.{}", r.relation.as_deref().unwrap_or(""), r.column))
+                .collect();
+            // The bounds are the engine's, the lambda's x is its own: neither is carried.
+            assert_eq!(refs, ["c.region", "o.amount"], "{v}");
+            assert_eq!(
+                s.stream_columns.iter().cloned().collect::<Vec<_>>(),
+                ["amount", "customer_id", "event_time", "status"]
+            );
+            let h = shaped("hop", v).unwrap();
+            assert_eq!(h.window.as_ref().map(|w| w.0), Some(WindowFn::Hop));
+            assert_eq!(h.group_by.as_ref().map(Vec::len), Some(2), "GROUP BY key, 2");
+        }
+    }
+
+    #[test]
+    fn a_transform_reads_the_stream_bare() {
+        for v in ["v14", "v20"] {
+            let s = shaped("transform", v).unwrap();
+            assert!(s.window.is_none());
+            assert_eq!((s.stream.as_str(), s.lookups.as_slice()), ("s", &["d".to_string()][..]));
+            assert_eq!(s.joins, ["LEFT"]);
+        }
+    }
+
+    #[test]
+    fn what_a_job_cannot_run_is_refused_naming_it() {
+        let cases = [
+            ("order", "ORDER BY at the top"),
+            ("limit", "LIMIT at the top"),
+            ("over", "window functions (OVER)"),
+            ("selfjoin", "the stream is read more than once"),
+            ("subquery", "the stream is read more than once"),
+            ("union", "UNION, EXCEPT and INTERSECT"),
+            ("ungrouped", "must be grouped by window_start"),
+            ("othercol", "TUMBLE over ts"),
+            ("aggnowindow", "aggregates and GROUP BY need a window"),
+            ("nostream", "does not read the stream"),
+        ];
+        for v in ["v14", "v20"] {
+            for (name, says) in cases {
+                let e = shaped(name, v).unwrap_err().0;
+                assert!(e.contains(says), "{name} ({v}): {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""`make bench` (jobs written as SQL): issue 46's goals, on 1M order events in 4 files, 5% of them
+2-5 s late, a `customers` table of 500 rows.
+
+- Same speed: the default job written as SQL (key, count, sum/min/max of the value, TUMBLE 1 s),
+  which runs on the engine's own path, against the parameter job: the same rows, events/s.
+- Enrichment: TUMBLE 1 s, a WHERE that drops 10%, an inner join with `customers`, count,
+  sum(DECIMAL), median and count(DISTINCT) grouped by the joined region, against the parameter job.
+- Transform: WHERE, the join and five columns, appended, against DuckDB's own
+  `CREATE TABLE ... AS SELECT ... FROM read_ndjson(...) JOIN customers ... WHERE ...`.
+- Memory: the enrichment job over 1M and 10M events (10x the event time): peak RSS.
+
+Fresh processes, alternating, the best of two each. Prints a table and writes it into
+docs/benchmarks.md (section 'sql jobs') unless --quick.
+
+usage: bench_sql_jobs.py [--quick]
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import benchlib  # noqa: E402
+from docs_section import write_section  # noqa: E402
+
+CUSTOMERS = "CREATE TABLE customers AS SELECT range AS id, 'r' || (range % 7) AS region, 'name ' || range AS name FROM range(500)"
+
+SAME = ("INSERT INTO w SELECT key, window_start, window_end, count(*) AS count, sum(value) AS sum_value, "
+        "min(value) AS min_value, max(value) AS max_value FROM TUMBLE(stream, event_time, INTERVAL 1 SECOND) GROUP BY ALL")
+SAME_COLUMNS = "{'key': 'VARCHAR', 'payload.value AS value': 'DOUBLE'}"
+
+ENRICH = ("INSERT INTO by_region SELECT c.region, window_start, count(*) AS orders, sum(o.amount) AS revenue, "
+          "median(o.amount) AS med, count(DISTINCT o.customer_id) AS customers "
+          "FROM TUMBLE(stream, event_time, INTERVAL 1 SECOND) AS o JOIN customers AS c ON c.id = o.customer_id "
+          "WHERE o.status = 'paid' GROUP BY ALL")
+TRANSFORM = ("INSERT INTO paid SELECT o.customer_id, o.amount, c.region, o.sku, o.event_time "
+             "FROM stream AS o JOIN customers AS c ON c.id = o.customer_id WHERE o.status = 'paid'")
+ORDER_COLUMNS = "{'customer_id': 'BIGINT', 'amount': 'DECIMAL(18,2)', 'status': 'VARCHAR', 'sku': 'VARCHAR'}"
+
+BATCH = ("CREATE TABLE paid AS SELECT o.customer_id, o.amount, c.region, o.sku, make_timestamptz(o.event_time_ms * 1000) AS event_time "
+         "FROM read_ndjson('{files}', columns := {{'customer_id': 'BIGINT', 'amount': 'DECIMAL(18,2)', 'status': 'VARCHAR', "
+         "'sku': 'VARCHAR', 'event_time_ms': 'BIGINT'}}) AS o JOIN customers AS c ON c.id = o.customer_id WHERE o.status = 'paid'")
+
+
+def data(events):
+    """`events` orders over 4 files (message i in file i % 4, event time i ms, 5% of them 2-5 s
+    late), 500 customers, 10% of the orders cancelled."""
+    import duckdb
+    d = os.path.join(benchlib.OUT, "data", f"sqljobs-{events}")
+    if os.path.exists(os.path.join(d, "done")):
+        return d
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    con = duckdb.connect()
+    for p in range(4):
+        con.execute(f"""COPY (
+          SELECT '{{"key":"k' || (i % 50) || '","event_time_ms":' ||
+                 (1700000000000 + i - CASE WHEN hash(i, 'late') % 100 < 5 THEN 2000 + hash(i, 'by') % 3000 ELSE 0 END) ||
+                 ',"customer_id":' || (hash(i, 'c') % 500) || ',"amount":' || round((hash(i, 'a') % 10001) / 100.0, 2) ||
+                 ',"status":"' || CASE WHEN hash(i, 's') % 10 = 0 THEN 'cancelled' ELSE 'paid' END || '"' ||
+                 ',"sku":"s' || (i % 20) || '","payload":{{"value":' || round((hash(i, 'v') % 10001) / 100.0, 2) || '}}}}' AS line
+          FROM range({p}, {events}, 4) t(i) ORDER BY i
+        ) TO '{d}/p{p}.ndjson' (FORMAT csv, HEADER false, QUOTE '', ESCAPE '', DELIMITER '\\x01')""")
+    open(os.path.join(d, "done"), "w").close()
+    return d
+
+
+def child(db, kind, topic, text, columns):
+    """One run in this (fresh) process: `kind` is param, sql or batch."""
+    import duckdb
+    con = duckdb.connect(db, config={"allow_unsigned_extensions": "true"})
+    con.execute(f"LOAD '{benchlib.EXT}'")
+    con.execute(CUSTOMERS)
+    cpu0, t0 = benchlib.cpu_seconds(), time.perf_counter()
+    if kind == "param":
+        rows = con.execute(f"SELECT events_consumed FROM streaming_etl_run('{topic}', 1000, 200, flush := true)").fetchall()
+        events, table = rows[-1][0], "windows"
+    elif kind == "batch":
+        con.execute(text)
+        events, table = None, "paid"
+    else:
+        sql = text.replace("'", "''")
+        rows = con.execute(f"SELECT events_consumed FROM streaming_etl_sql('{topic}', '{sql}', lateness_ms := 200, "
+                           f"flush := true, columns := {columns})").fetchall()
+        events, table = rows[-1][0], text.split()[2]
+    wall, cpu = time.perf_counter() - t0, benchlib.cpu_seconds() - cpu0
+    peak = benchlib.peak_rss_mb()
+    n = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    same = None
+    if table == "w":
+        # The rows of the parameter job, as the statement writes them.
+        same = con.execute("SELECT count(*), sum(hash(key, epoch_ms(window_start), count, sum_value, min_value, max_value)) FROM w").fetchall()[0]
+    elif table == "windows":
+        same = con.execute("SELECT count(*), sum(hash(key, window_start_ms, count, sum_value, min_value, max_value)) FROM windows").fetchall()[0]
+    print(json.dumps({"events": events, "wall_s": wall, "cpu_s": cpu, "rows": n, "peak_rss_mb": peak,
+                      "checksum": None if same is None else [str(x) for x in same]}))
+
+
+def measured(name, kind, topic, text="", columns=""):
+    db = benchlib.fresh_db(f"sqljobs-{name}")
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", db, kind, topic, text, columns],
+                       capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        raise RuntimeError(f"{name}: {p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def best(runs, rounds=2):
+    """Each (name, kind, topic, text, columns) run `rounds` times, alternating; the fastest."""
+    out = {}
+    for _ in range(rounds):
+        for name, *args in runs:
+            r = measured(name, *args)
+            if name not in out or r["wall_s"] < out[name]["wall_s"]:
+                out[name] = r
+    return out
+
+
+def main():
+    if sys.argv[1:2] == ["--child"]:
+        child(*sys.argv[2:7])
+        return
+    quick = "--quick" in sys.argv
+    os.makedirs(benchlib.OUT, exist_ok=True)
+    n = 200_000 if quick else 1_000_000
+    d = data(n)
+    topic, files = f"file:{d}/*.ndjson", f"{d}/*.ndjson"
+    runs = best([("parameter job", "param", topic),
+                 ("same job as SQL", "sql", topic, SAME, SAME_COLUMNS),
+                 ("enrichment", "sql", topic, ENRICH, ORDER_COLUMNS),
+                 ("transform", "sql", topic, TRANSFORM, ORDER_COLUMNS),
+                 ("DuckDB batch CTAS", "batch", topic, BATCH.format(files=files))])
+    base = runs["parameter job"]
+    rate = lambda r: n / r["wall_s"]  # noqa: E731
+    rows = []
+    for name, vs in (("parameter job", None), ("same job as SQL", "parameter job"), ("enrichment", "parameter job"),
+                     ("transform", "DuckDB batch CTAS"), ("DuckDB batch CTAS", None)):
+        r = runs[name]
+        ratio = round(rate(r) / rate(runs[vs]), 2) if vs else None
+        rows.append({"job": name, "events_per_sec": round(rate(r)), "vs": vs, "ratio": ratio, "cpu_s": round(r["cpu_s"], 2),
+                     "rows": r["rows"], "peak_rss_mb": round(r["peak_rss_mb"])})
+        print(json.dumps(rows[-1]), flush=True)
+    same_rows = runs["same job as SQL"]["checksum"] == base["checksum"]
+    print(json.dumps({"same_rows_as_the_parameter_job": same_rows}), flush=True)
+    memory = []
+    for m in ((n // 10, n) if quick else (n, 10 * n)):
+        dm = data(m)
+        r = measured(f"mem{m}", "sql", f"file:{dm}/*.ndjson", ENRICH, ORDER_COLUMNS)
+        memory.append({"events": m, "wall_s": round(r["wall_s"], 2), "peak_rss_mb": round(r["peak_rss_mb"])})
+        print(json.dumps(memory[-1]), flush=True)
+    lines = [f"| job ({n:,} orders, 4 files, 5% late) | events/s | against | ratio | CPU s | rows | peak RSS MB |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['job']} | {r['events_per_sec']:,} | {r['vs'] or '-'} | {r['ratio'] or '-'} | {r['cpu_s']} | "
+                     f"{r['rows']:,} | {r['peak_rss_mb']} |")
+    lines += ["", f"The same job as SQL writes the parameter job's rows: {'yes' if same_rows else 'NO'}.", "",
+              "| enrichment job over | wall s | peak RSS MB |", "|---|---|---|"]
+    for m in memory:
+        lines.append(f"| {m['events']:,} events | {m['wall_s']} | {m['peak_rss_mb']} |")
+    table = "\n".join(lines)
+    print(table)
+    if not quick:
+        write_section("docs/benchmarks.md", "sql jobs", "make bench (scripts/bench_sql_jobs.py)", table)
+
+
+if __name__ == "__main__":
+    main()
