@@ -30,7 +30,7 @@ FOOTER     := python3 scripts/append_footer.py
 
 
 .PHONY: all configure venv release release-main release-lts debug fault tools install test test_release test_debug unit sqltest \
-        pytest demo demo-kafka demo-lake bench reliability soak readme clean clean_all fmt lint
+        pytest demo demo-kafka demo-lake bench reliability soak dist readme clean clean_all fmt lint
 
 all: release
 
@@ -67,6 +67,12 @@ tools:
 
 # --- installing ------------------------------------------------------------------------------
 
+# A repository `INSTALL streaming_etl FROM '<dir or URL>'` reads: dist/repository/<version>/
+# <platform>/streaming_etl.duckdb_extension.gz for every DuckDB version of scripts/dist_versions.txt,
+# stripped (debug information in build/dist/<line>/streaming_etl.debug), footer appended.
+dist: release
+	python3 scripts/dist.py $(PLATFORM) $(VERSION)
+
 # A local virtualenv with the DuckDB hosts: the Python package (current and previous release),
 # the CLI, and the Kafka client the tests produce with.
 configure: $(VENV)/.ready $(VENV)/lts/.ready
@@ -79,6 +85,10 @@ $(VENV)/.ready:
 	    "confluent-kafka[avro,protobuf]" fastavro cramjam backports.zstd
 	python3 -m venv $(VENV)/old
 	$(VENV)/old/bin/python -m pip install -q "duckdb==$(DUCKDB_OLD)" pytest
+	@# PyPI's duckdb-cli installs bin/duckdb as a Python wrapper that runs the real binary as a
+	@# child: Ctrl-C kills the wrapper (a KeyboardInterrupt traceback) and ends the shell. The
+	@# README's shell is the binary itself, which interrupts the query and stays.
+	ln -sf "$$($(PY) -c 'import duckdb_cli, os; print(os.path.join(os.path.dirname(duckdb_cli.__file__), "duckdb"))')" $(VENV)/bin/duckdb
 	touch $@
 
 $(VENV)/lts/.ready: $(VENV)/.ready
@@ -125,7 +135,7 @@ CORE_TESTS := test/python/test_semantics.py test/python/test_windows.py test/pyt
               test/python/test_host.py test/python/test_sandbox.py test/python/test_duckdb_aggregates.py \
               test/python/test_sql_jobs.py
 
-pytest: release fault tools configure $(TANSU) $(CARGO_FUZZ)
+pytest: release dist fault tools configure $(TANSU) $(CARGO_FUZZ)
 	$(PY) -m pytest -q test/python
 	STREAMING_ETL_EXTENSION=$(CURDIR)/build/release/v1.4/$(EXT).duckdb_extension \
 	    $(LTS_PY) -m pytest -q test/python/test_lake.py test/python/test_group.py $(CORE_TESTS)
@@ -197,7 +207,7 @@ lint:
 	cd lts && $(CARGO) fmt --check && $(CARGO) clippy --lib --target-dir ../target -- -D warnings
 
 clean:
-	rm -rf build
+	rm -rf build dist
 
 clean_all: clean
 	rm -rf target $(VENV)

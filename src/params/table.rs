@@ -217,7 +217,7 @@ pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::Kafka, "kafka", ParamType::VarcharMap, "none", "Kafka: librdkafka properties, passed through (security, tuning)").only(Applies::Kafka),
     param(ParamId::KafkaTimestamp, "kafka_timestamp", ParamType::Boolean, "false", "Kafka: the record's own timestamp is the event time").only(Applies::Kafka),
     param(ParamId::TimeoutMs, "timeout_ms", ParamType::BigInt, "15000", "Kafka: bound on reaching the brokers and on waiting for a partition").only(Applies::Kafka),
-    param(ParamId::Format, "format", ParamType::Varchar, "`json`", "`json`, `avro` or `protobuf` ([formats](#message-formats))"),
+    param(ParamId::Format, "format", ParamType::Varchar, "`json`", "`json`, `avro` or `protobuf` ([formats](docs/semantics.md#message-formats))"),
     param(ParamId::Message, "message", ParamType::Varchar, "as framed", "Protobuf: the message type records must be"),
     param(ParamId::SchemaRegistry, "schema_registry", ParamType::Varchar, "none", "Kafka: the schema registry's URL").only(Applies::Kafka),
     param(ParamId::SchemaRegistryOptions, "schema_registry_options", ParamType::VarcharMap, "none", "Kafka: `basic.auth.user.info`, `ssl.ca.location`, `ssl.certificate.location`, `ssl.key.location`").only(Applies::Kafka),

@@ -3,6 +3,7 @@ stopping a long run with everything processed so far written and checkpointed.""
 import csv
 import io
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -74,3 +75,48 @@ def test_ctrl_c_stops_a_long_run_with_everything_checkpointed(tmp_path):
     con.execute(f"SELECT * FROM streaming_etl_run('file:{tmp_path}/data/*.ndjson', 1000, 200, flush := true)").fetchall()
     n = con.execute("SELECT (SELECT sum(count) FROM windows) + (SELECT count(*) FROM late_events) + (SELECT count(*) FROM dead_letters)").fetchone()[0]
     assert n == total
+
+
+README_SHELL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".venv", "bin", "duckdb")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_ctrl_c_in_the_readmes_shell_stops_a_follow_job_and_the_shell_stays(tmp_path):
+    """The README's shell (.venv/bin/duckdb) under a terminal: Ctrl-C stops a `follow` job, the
+    shell stays and answers the next statement, and the windows closed before it are there."""
+    paths = generate_sql(duckdb.connect(), tmp_path / "data", 200_000, partitions=2)
+    db = tmp_path / "tty.duckdb"
+    session = f"setl-{os.getpid()}"
+
+    def keys(*k):
+        subprocess.run(["tmux", "send-keys", "-t", session, *k], check=True)
+
+    def pane():
+        return subprocess.run(["tmux", "capture-pane", "-p", "-S", "-200", "-t", session],
+                              capture_output=True, text=True).stdout
+
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "60",
+                    README_SHELL, "-unsigned", str(db)], check=True)
+    try:
+        # (tmux reads a last `;` as its own separator: it is escaped.)
+        keys(f"LOAD '{EXT}'\\;", "Enter")
+        keys(f"SELECT events_consumed FROM streaming_etl_run('file:{tmp_path}/data/*.ndjson', 1000, 200, "
+             f"follow := true, checkpoint_interval_ms := 100)\\;", "Enter")
+        ckpt = str(db) + ".streaming_etl.sqlite"
+        for _ in range(500):
+            if os.path.exists(ckpt) and os.path.getsize(ckpt) > 0:
+                break
+            time.sleep(0.01)
+        time.sleep(1.5)
+        keys("C-c")
+        time.sleep(1)
+        keys("SELECT 'alive' AS shell, count(*) > 0 AS closed_windows FROM windows\\;", "Enter")
+        deadline = time.time() + 30
+        while time.time() < deadline and "alive" not in pane().split("SELECT 'alive'")[-1]:
+            time.sleep(0.2)
+        text = pane()
+        assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+        tail = text.split("SELECT 'alive'")[-1]
+        assert "alive" in tail and "true" in tail, text
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
