@@ -23,25 +23,25 @@ use streaming_etl_runtime::job::{Run, RunEnv, RunStats, SourceOpener};
 use streaming_etl_runtime::lock::JobLock;
 
 use super::result::{add_columns, write_row, ResultColumn};
+use crate::host::args::{Arg, Args};
 use crate::host::binder::bind_typed;
 use crate::host::connections::{Host, SharedConn};
 use crate::host::entry;
 use crate::host::resolver::DuckResolver;
 use crate::host::sql_error::contained;
-use crate::host::args::{Arg, Args};
 use crate::params::{
     parse_run, ParamType, RunPlan, SourceSpec, Start, TableName, RUN_PARAMS, RUN_POSITIONAL,
     RUN_SQL_POSITIONAL,
 };
-use crate::sink::sql_cycle::SqlOutput;
-use crate::sql::SqlJob;
 use crate::sink::catalog::OutputCatalog;
 use crate::sink::duck_sink::DuckSink;
 use crate::sink::partition_store::{windows_with_partition, LakeStore};
+use crate::sink::sql_cycle::SqlOutput;
 use crate::sink::staged::{staged_table, Staging};
 use crate::source::kafka::{KafkaOptions, KafkaSource};
 use crate::source::kafka_group::KafkaGroup;
 use crate::source::registry::Registry;
+use crate::sql::SqlJob;
 
 fn count(v: u64) -> Cell<'static> {
     Cell::I64(i64::try_from(v).unwrap_or(i64::MAX))
@@ -411,7 +411,8 @@ fn bind_sql(host: &Arc<Host>, args: &dyn Args, plan: &mut RunPlan, text: &str) -
     plan.rebind_settings(Some(job.setting()));
     if let CheckpointLocation::File(path) = &plan.job.checkpoint {
         if let Some(stored) = Checkpoint::stored_settings(path, &plan.job.job) {
-            if let Some((setting, stored, requested)) = stored.first_difference(&plan.job.settings) {
+            if let Some((setting, stored, requested)) = stored.first_difference(&plan.job.settings)
+            {
                 return Err(EtlError::SettingsChanged {
                     job: plan.job.job.clone(),
                     setting,

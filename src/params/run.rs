@@ -92,7 +92,10 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let (window_ms, lateness_ms) = match &sql {
         // The statement says the window; the placeholder is replaced at bind time.
         Some(_) => {
-            if let Some(p) = PARAMETER_FORM_ONLY.iter().find(|&&p| given.get(p).is_some()) {
+            if let Some(p) = PARAMETER_FORM_ONLY
+                .iter()
+                .find(|&&p| given.get(p).is_some())
+            {
                 return Err(EtlError::invalid(
                     given.name(*p),
                     "belongs to the parameter form, streaming_etl_run(topic, window_ms, lateness_ms, ...); a job written as SQL says it in its statement",
@@ -102,9 +105,15 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
             let lateness = match given.get(ParamId::LatenessMs) {
                 None => 0,
                 Some(Arg::Int(l)) if *l >= 0 => *l,
-                Some(Arg::Int(l)) => return Err(EtlError::invalid("lateness_ms", "must be >= 0", l)),
+                Some(Arg::Int(l)) => {
+                    return Err(EtlError::invalid("lateness_ms", "must be >= 0", l))
+                }
                 Some(other) => {
-                    return Err(EtlError::invalid("lateness_ms", "must be an integer", shown(other)))
+                    return Err(EtlError::invalid(
+                        "lateness_ms",
+                        "must be an integer",
+                        shown(other),
+                    ))
                 }
             };
             (1, lateness)

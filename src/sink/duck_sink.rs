@@ -187,7 +187,12 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
                 late_table: &out.tables.late,
                 late_schema: &out.schemas.late,
             };
-            sql.write(conn, &cycle, plan.verb(plan.keys.windows), plan.verb(plan.keys.late))?;
+            sql.write(
+                conn,
+                &cycle,
+                plan.verb(plan.keys.windows),
+                plan.verb(plan.keys.late),
+            )?;
             insert(
                 conn,
                 &out.tables.dead,
@@ -273,12 +278,10 @@ impl OutputSink for DuckSink {
         let catalog_keys = self.catalog.has_keys();
         let mut keys = ByTable::<Keys>::default();
         let sql = self.sql_for(tables);
-        let sql_schemas = sql.map(|s| {
-            ByTable {
-                windows: s.target.without_key(),
-                late: SqlOutput::late_schema(&schemas.late),
-                dead: schemas.dead.clone(),
-            }
+        let sql_schemas = sql.map(|s| ByTable {
+            windows: s.target.without_key(),
+            late: SqlOutput::late_schema(&schemas.late),
+            dead: schemas.dead.clone(),
         });
         if sql.is_some() {
             add_output_column(conn, &tables.late)?;

@@ -26,10 +26,10 @@ use streaming_etl_runtime::group::{
 
 use super::catalog::OutputCatalog;
 use super::insert::{insert_parts, insert_staged, Part, StagedPart, Verb};
-use super::sql_cycle::{add_output_column, Cycle, SqlOutput};
 use super::lake::{
     compact, keep_in_files, restore_retry_wait, shorten_retry_wait, with_retry, with_retry_for,
 };
+use super::sql_cycle::{add_output_column, Cycle, SqlOutput};
 use super::staged::{ensure_staged_table, Staging};
 use super::tables::{ensure_table, sink_error};
 use crate::host::connections::SharedConn;
@@ -524,7 +524,13 @@ impl LakeStore {
             // Parquet reader while members wrote at once; see docs/semantics.md).
             let target_verb = if sql.revisions() { verb } else { Verb::Insert };
             sql.write(conn, &cycle, target_verb, verb)?;
-            return insert_parts(conn, &self.tables.dead, &schemas.dead, &rows_of(pick[2], false), verb);
+            return insert_parts(
+                conn,
+                &self.tables.dead,
+                &schemas.dead,
+                &rows_of(pick[2], false),
+                verb,
+            );
         }
         for (i, ((table, schema), rows_of)) in targets.into_iter().zip(pick).enumerate() {
             let rows: Vec<Part<'_>> = parts

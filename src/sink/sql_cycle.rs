@@ -13,7 +13,9 @@
 //! a statement's rows are part of exactly once.
 
 use duckdb::Connection;
-use streaming_etl_core::{Column, ColumnType, EngineConfig, Result, Role, TableSchema, FATE_COLUMN};
+use streaming_etl_core::{
+    Column, ColumnType, EngineConfig, Result, Role, TableSchema, FATE_COLUMN,
+};
 
 use super::insert::{cast_columns, lend, write_rows, Part, StagedPart, Verb};
 use super::staged::{staged_table, Staging};
@@ -134,15 +136,25 @@ impl SqlOutput {
         match &self.stmt.body {
             Body::Transform { sql } => {
                 if events {
-                    let cols: Vec<String> =
-                        self.target.table_columns().map(|(_, c)| quote_ident(&c.name)).collect();
-                    conn.execute_batch(&format!("INSERT INTO {target} ({}) {sql}", cols.join(", ")))
-                        .map_err(|e| sink_error(&target, e))?;
+                    let cols: Vec<String> = self
+                        .target
+                        .table_columns()
+                        .map(|(_, c)| quote_ident(&c.name))
+                        .collect();
+                    conn.execute_batch(&format!(
+                        "INSERT INTO {target} ({}) {sql}",
+                        cols.join(", ")
+                    ))
+                    .map_err(|e| sink_error(&target, e))?;
                 }
                 return Ok(());
             }
             Body::Engine { projection } => {
-                let all: Vec<&Part<'_>> = cycle.windows.iter().filter(|p| !p.rows.is_empty()).collect();
+                let all: Vec<&Part<'_>> = cycle
+                    .windows
+                    .iter()
+                    .filter(|p| !p.rows.is_empty())
+                    .collect();
                 if !all.is_empty() {
                     let (_lent, rows) = lend(&all);
                     let query = format!(
@@ -154,7 +166,9 @@ impl SqlOutput {
                 }
                 self.write_late(conn, cycle, None, late_verb)?;
             }
-            Body::Staged { row_step, close, .. } => {
+            Body::Staged {
+                row_step, close, ..
+            } => {
                 let Some(staging) = &self.staging else {
                     return Ok(());
                 };
@@ -162,7 +176,12 @@ impl SqlOutput {
                     conn.execute_batch(&format!(
                         "CREATE OR REPLACE TEMP TABLE __se_step AS {row_step}"
                     ))
-                    .map_err(|e| sink_error(&target, format!("the statement's FROM and WHERE over the cycle's events: {e}")))?;
+                    .map_err(|e| {
+                        sink_error(
+                            &target,
+                            format!("the statement's FROM and WHERE over the cycle's events: {e}"),
+                        )
+                    })?;
                 }
                 let rows_table = events.then_some("__se_step");
                 self.write_late(conn, cycle, rows_table, late_verb)?;
@@ -193,7 +212,13 @@ impl SqlOutput {
             .collect();
         let selects: Vec<String> = lent
             .iter()
-            .map(|l| format!("SELECT {} FROM {}", exprs.join(", "), super::insert::batch_ref(l)))
+            .map(|l| {
+                format!(
+                    "SELECT {} FROM {}",
+                    exprs.join(", "),
+                    super::insert::batch_ref(l)
+                )
+            })
             .collect();
         conn.execute_batch(&format!(
             "CREATE OR REPLACE TEMP TABLE __se_events AS {}",
@@ -332,7 +357,9 @@ impl SqlOutput {
 /// Adds `output` to an existing late table (one a parameter job made), where the statement's
 /// name goes.
 pub fn add_output_column(conn: &Connection, late: &str) -> Result<()> {
-    let exists = conn.prepare(&format!("SELECT 1 FROM {late} LIMIT 0")).is_ok();
+    let exists = conn
+        .prepare(&format!("SELECT 1 FROM {late} LIMIT 0"))
+        .is_ok();
     if !exists {
         let _ = conn.execute_batch("ROLLBACK");
         return Ok(());

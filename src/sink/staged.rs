@@ -62,7 +62,6 @@ pub fn staged_table(windows: &TableName) -> TableName {
     windows.sibling(&format!("streaming_etl_staged_{bare}"))
 }
 
-
 impl Staging {
     /// The staging of a job whose aggregates DuckDB computes in part; `table` is the staged
     /// events' table, `windows` the windows rows' shape as written (a `subscribe` job's with
@@ -210,7 +209,11 @@ impl Staging {
     /// it: the rows' keys are their columns `k0, ...` and `kp` (see [`Staging::keyed_rows`]).
     pub(super) fn key_match(&self, events: &str, rows: &str) -> String {
         let mut out = String::new();
-        let eq = if self.null_keys { "IS NOT DISTINCT FROM" } else { "=" };
+        let eq = if self.null_keys {
+            "IS NOT DISTINCT FROM"
+        } else {
+            "="
+        };
         for (i, k) in self.keys.iter().enumerate() {
             out += &format!("{events}.{} {eq} {rows}.k{i} AND ", quote_ident(k));
         }

@@ -11,8 +11,7 @@ use serde_json::{Map, Value};
 
 /// The query node of `json_serialize_sql`'s answer, or DuckDB's parser error.
 pub fn query_node(answer: &str) -> Result<Value, String> {
-    let v: Value =
-        serde_json::from_str(answer).map_err(|e| format!("DuckDB's parse tree: {e}"))?;
+    let v: Value = serde_json::from_str(answer).map_err(|e| format!("DuckDB's parse tree: {e}"))?;
     if v.get("error").and_then(Value::as_bool) == Some(true) {
         let msg = v
             .get("error_message")
@@ -106,24 +105,6 @@ pub fn walk<'a>(v: &'a Value, visit: &mut dyn FnMut(&'a Map<String, Value>)) {
     }
 }
 
-/// Every object in `v`, mutably, depth first.
-pub fn walk_mut(v: &mut Value, visit: &mut dyn FnMut(&mut Map<String, Value>)) {
-    match v {
-        Value::Object(m) => {
-            visit(m);
-            for child in m.values_mut() {
-                walk_mut(child, visit);
-            }
-        }
-        Value::Array(items) => {
-            for child in items {
-                walk_mut(child, visit);
-            }
-        }
-        _ => {}
-    }
-}
-
 /// Whether any node in `v` satisfies `test`.
 pub fn any(v: &Value, test: &dyn Fn(&Map<String, Value>) -> bool) -> bool {
     let mut found = false;
@@ -164,8 +145,7 @@ pub fn table_refs(from: &Value, out: &mut Vec<TableRef>, joins: &mut Vec<String>
             let (object, qualified) = match k {
                 "BASE_TABLE" => (
                     text(from, "table_name").to_string(),
-                    !text(from, "schema_name").is_empty()
-                        || !text(from, "catalog_name").is_empty(),
+                    !text(from, "schema_name").is_empty() || !text(from, "catalog_name").is_empty(),
                 ),
                 "TABLE_FUNCTION" => (
                     from.get("function")
@@ -210,8 +190,8 @@ pub fn column_refs(v: &Value, bound: &[String], out: &mut Vec<Vec<String>>) {
     match v {
         Value::Object(m) => {
             if let Some(names) = column_names(v) {
-                let shadowed = names.len() == 1
-                    && bound.iter().any(|b| b.eq_ignore_ascii_case(&names[0]));
+                let shadowed =
+                    names.len() == 1 && bound.iter().any(|b| b.eq_ignore_ascii_case(&names[0]));
                 if !shadowed {
                     out.push(names);
                 }
@@ -240,7 +220,11 @@ pub fn column_refs(v: &Value, bound: &[String], out: &mut Vec<Vec<String>>) {
 
 /// Replaces, in an expression tree, each column reference `[first, rest...]` for which `rename`
 /// gives new names (lambda parameters are left alone).
-pub fn rename_refs(v: &mut Value, bound: &[String], rename: &dyn Fn(&[String]) -> Option<Vec<String>>) {
+pub fn rename_refs(
+    v: &mut Value,
+    bound: &[String],
+    rename: &dyn Fn(&[String]) -> Option<Vec<String>>,
+) {
     let is_lambda = class(v) == "LAMBDA";
     match v {
         Value::Object(m) => {
@@ -250,8 +234,8 @@ pub fn rename_refs(v: &mut Value, bound: &[String], rename: &dyn Fn(&[String]) -
                     .and_then(Value::as_array)
                     .and_then(|a| a.iter().map(|n| n.as_str().map(str::to_string)).collect());
                 if let Some(names) = names {
-                    let shadowed = names.len() == 1
-                        && bound.iter().any(|b| b.eq_ignore_ascii_case(&names[0]));
+                    let shadowed =
+                        names.len() == 1 && bound.iter().any(|b| b.eq_ignore_ascii_case(&names[0]));
                     if let Some(new) = rename(&names).filter(|_| !shadowed) {
                         m.insert(
                             "column_names".into(),
@@ -314,13 +298,22 @@ mod tests {
                     {"expression": {"class": "COLUMN_REF", "column_names": ["rate"]}}]}}}]});
         let mut refs = Vec::new();
         column_refs(&e, &[], &mut refs);
-        assert_eq!(refs, vec![vec!["o".to_string(), "tags".into()], vec!["rate".into()]]);
+        assert_eq!(
+            refs,
+            vec![vec!["o".to_string(), "tags".into()], vec!["rate".into()]]
+        );
         let mut e2 = e.clone();
         rename_refs(&mut e2, &[], &|n| Some(vec![format!("r_{}", n.join("."))]));
         let mut refs = Vec::new();
         column_refs(&e2, &[], &mut refs);
-        assert_eq!(refs, vec![vec!["r_o.tags".to_string()], vec!["r_rate".into()]]);
-        assert!(e2.to_string().contains("[\"x\"]"), "a lambda's parameter stays: {e2}");
+        assert_eq!(
+            refs,
+            vec![vec!["r_o.tags".to_string()], vec!["r_rate".into()]]
+        );
+        assert!(
+            e2.to_string().contains("[\"x\"]"),
+            "a lambda's parameter stays: {e2}"
+        );
     }
 
     #[test]
@@ -331,14 +324,19 @@ mod tests {
         let (mut refs, mut joins) = (Vec::new(), Vec::new());
         table_refs(&from, &mut refs, &mut joins);
         assert_eq!(joins, ["LEFT"]);
-        assert_eq!((refs[0].name.as_str(), refs[0].object.as_str()), ("o", "tumble"));
+        assert_eq!(
+            (refs[0].name.as_str(), refs[0].object.as_str()),
+            ("o", "tumble")
+        );
         assert_eq!(refs[1].name, "customers");
         assert!(refs[1].qualified);
     }
 
     #[test]
     fn parser_errors_come_back_as_duckdb_wrote_them() {
-        let e = query_node(r#"{"error":true,"error_type":"parser","error_message":"syntax error at or near \"SELEC\""}"#);
+        let e = query_node(
+            r#"{"error":true,"error_type":"parser","error_message":"syntax error at or near \"SELEC\""}"#,
+        );
         assert_eq!(e.unwrap_err(), "syntax error at or near \"SELEC\"");
     }
 }

@@ -29,7 +29,11 @@ pub fn message(e: &duckdb::Error) -> String {
 /// A query's parse tree: the whole answer of `json_serialize_sql` and its query node.
 pub fn parse(conn: &Connection, query: &str) -> Result<(String, Value), String> {
     let answer: String = conn
-        .query_row("SELECT json_serialize_sql(?::VARCHAR)::VARCHAR", [query], |r| r.get(0))
+        .query_row(
+            "SELECT json_serialize_sql(?::VARCHAR)::VARCHAR",
+            [query],
+            |r| r.get(0),
+        )
         .map_err(|e| message(&e))?;
     let node = ast::query_node(&answer).map_err(|m| format!("Parser Error: {m}"))?;
     Ok((answer, node))
@@ -38,8 +42,10 @@ pub fn parse(conn: &Connection, query: &str) -> Result<(String, Value), String> 
 /// The SQL text of a parse tree (`answer`, with `node` as its query).
 pub fn print(conn: &Connection, answer: &str, node: &Value) -> Result<String, String> {
     let json = ast::with_node(answer, node)?;
-    conn.query_row("SELECT json_deserialize_sql(?::JSON)", [json], |r| r.get::<_, String>(0))
-        .map_err(|e| message(&e))
+    conn.query_row("SELECT json_deserialize_sql(?::JSON)", [json], |r| {
+        r.get::<_, String>(0)
+    })
+    .map_err(|e| message(&e))
 }
 
 /// The names of DuckDB's aggregate functions (lowercase), loaded extensions' included.
@@ -68,7 +74,11 @@ pub fn millis(conn: &Connection, answer: &str, expr: &Value) -> Result<i64, Stri
         .query_row(&sql, [], |r| r.get(0))
         .map_err(|e| format!("could not be evaluated: {}", message(&e)))?;
     let ms = match v {
-        DuckValue::Interval { months, days, nanos } => {
+        DuckValue::Interval {
+            months,
+            days,
+            nanos,
+        } => {
             if months != 0 {
                 return Err("is not of fixed length (it counts months); give it in days, hours, minutes, seconds or milliseconds".into());
             }
@@ -101,7 +111,9 @@ pub fn millis(conn: &Connection, answer: &str, expr: &Value) -> Result<i64, Stri
 /// `DESCRIBE` of a query: its columns' names and types.
 pub fn describe(conn: &Connection, query: &str) -> Result<Vec<(String, String)>, String> {
     let mut stmt = conn
-        .prepare(&format!("SELECT column_name, column_type FROM (DESCRIBE {query})"))
+        .prepare(&format!(
+            "SELECT column_name, column_type FROM (DESCRIBE {query})"
+        ))
         .map_err(|e| message(&e))?;
     let cols = stmt
         .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
@@ -143,10 +155,7 @@ impl<'a> Typing<'a> {
             .iter()
             .map(|(n, t)| format!("{} {t}", quote_ident(n)))
             .collect();
-        let mut sql = format!(
-            "CREATE OR REPLACE TEMP TABLE stream ({});",
-            cols.join(", ")
-        );
+        let mut sql = format!("CREATE OR REPLACE TEMP TABLE stream ({});", cols.join(", "));
         for (name, params) in WINDOW_MACROS {
             sql += &format!(
                 "CREATE OR REPLACE TEMP MACRO {name}({params}) AS TABLE SELECT *, NULL::TIMESTAMPTZ AS window_start, NULL::TIMESTAMPTZ AS window_end FROM query_table(t);"
@@ -174,7 +183,9 @@ impl<'a> Typing<'a> {
 
 impl Drop for Typing<'_> {
     fn drop(&mut self) {
-        let mut sql = String::from("DROP TABLE IF EXISTS temp.main.stream; DROP TABLE IF EXISTS temp.main.__se_events;");
+        let mut sql = String::from(
+            "DROP TABLE IF EXISTS temp.main.stream; DROP TABLE IF EXISTS temp.main.__se_events;",
+        );
         for (name, _) in WINDOW_MACROS {
             sql += &format!("DROP MACRO TABLE IF EXISTS temp.main.{name};");
         }

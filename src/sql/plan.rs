@@ -113,9 +113,10 @@ pub fn events_columns(cfg: &EngineConfig) -> Vec<(String, String, String)> {
     for (i, c) in schema.columns.iter().enumerate() {
         let v = format!("c{i}");
         let (ty, expr) = match &c.role {
-            Role::Cast(t) if matches!(Repr::of(t), Repr::Json { .. }) => {
-                (t.clone(), format!("json_transform_strict({v}, {})", transform_spec(t)))
-            }
+            Role::Cast(t) if matches!(Repr::of(t), Repr::Json { .. }) => (
+                t.clone(),
+                format!("json_transform_strict({v}, {})", transform_spec(t)),
+            ),
             Role::Cast(t) => (t.clone(), format!("CAST({v} AS {t})")),
             _ => (c.ty.sql().to_string(), v),
         };
@@ -149,7 +150,11 @@ fn stream_columns(cfg: &EngineConfig) -> Vec<(String, String)> {
         .iter()
         .map(|c| (c.name.clone(), c.sql_type.clone()))
         .collect();
-    cols.extend(STREAM_COLUMNS.iter().map(|(n, t)| (n.to_string(), t.to_string())));
+    cols.extend(
+        STREAM_COLUMNS
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.to_string())),
+    );
     cols
 }
 
@@ -165,7 +170,11 @@ pub struct Given<'a> {
 /// bound by DuckDB, the time settings; its window, keys and aggregates are set here).
 pub fn plan(conn: &Connection, given: &Given<'_>, cfg: &mut EngineConfig) -> Result<SqlJob> {
     let texts = statements(given.text).map_err(|e| {
-        EtlError::invalid("sql", format!("the statement text {}", e.0), shorten(given.text))
+        EtlError::invalid(
+            "sql",
+            format!("the statement text {}", e.0),
+            shorten(given.text),
+        )
     })?;
     if texts.len() > 1 {
         return Err(EtlError::invalid(
@@ -175,7 +184,10 @@ pub fn plan(conn: &Connection, given: &Given<'_>, cfg: &mut EngineConfig) -> Res
         ));
     }
     for c in &cfg.columns {
-        if let Some((n, _)) = STREAM_COLUMNS.iter().find(|(n, _)| n.eq_ignore_ascii_case(&c.name)) {
+        if let Some((n, _)) = STREAM_COLUMNS
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(&c.name))
+        {
             return Err(EtlError::invalid(
                 "columns",
                 format!("column '{n}' is reserved: the stream has it (event_time TIMESTAMPTZ, event_time_ms, partition, offset); give the field another name (AS ...)"),
@@ -205,8 +217,12 @@ pub fn check_targets(
         let mut want = s.columns.clone();
         if revisions && !matches!(s.body, Body::Transform { .. }) {
             want.extend(
-                [("final", "BOOLEAN"), ("revision", "BIGINT"), ("retracted", "BOOLEAN")]
-                    .map(|(n, t)| (n.to_string(), t.to_string())),
+                [
+                    ("final", "BOOLEAN"),
+                    ("revision", "BIGINT"),
+                    ("retracted", "BOOLEAN"),
+                ]
+                .map(|(n, t)| (n.to_string(), t.to_string())),
             );
         }
         if partitioned && !matches!(s.body, Body::Transform { .. }) {
@@ -260,7 +276,12 @@ fn plan_statement(
     is_aggregate: &dyn Fn(&str) -> bool,
 ) -> Result<SqlStatement> {
     let target_shown = t.target.clone().unwrap_or_else(|| {
-        given.windows_table.parts.last().cloned().unwrap_or_else(|| "windows".into())
+        given
+            .windows_table
+            .parts
+            .last()
+            .cloned()
+            .unwrap_or_else(|| "windows".into())
     });
     let shown = target_shown.clone();
     let fail = move |m: String| stmt_err(&shown, m);
@@ -293,16 +314,24 @@ fn plan_statement(
     let mut seen = HashSet::new();
     for (n, _) in &columns {
         if !seen.insert(n.to_ascii_lowercase()) {
-            return Err(fail(format!("column {n} appears twice in the query's result; name one with AS")));
+            return Err(fail(format!(
+                "column {n} appears twice in the query's result; name one with AS"
+            )));
         }
         if n.to_ascii_lowercase().starts_with("__se_") {
-            return Err(fail(format!("column {n}: names starting with __se_ are reserved")));
+            return Err(fail(format!(
+                "column {n}: names starting with __se_ are reserved"
+            )));
         }
     }
     let used: Vec<TypedColumn> = cfg
         .columns
         .iter()
-        .filter(|c| sh.stream_columns.iter().any(|u| u.eq_ignore_ascii_case(&c.name)))
+        .filter(|c| {
+            sh.stream_columns
+                .iter()
+                .any(|u| u.eq_ignore_ascii_case(&c.name))
+        })
         .cloned()
         .collect();
     let Some((wf, intervals)) = &sh.window else {
@@ -315,15 +344,38 @@ fn plan_statement(
         cfg.stage_all = true;
         let events = events_columns(cfg);
         typing
-            .table("__se_events", &events.iter().map(|(n, t, _)| (n.clone(), t.clone())).collect::<Vec<_>>())
+            .table(
+                "__se_events",
+                &events
+                    .iter()
+                    .map(|(n, t, _)| (n.clone(), t.clone()))
+                    .collect::<Vec<_>>(),
+            )
             .map_err(EtlError::Duck)?;
         let mut node = replace_stream(&node, &sh, conn)?;
-        if given.subscribe && !columns.iter().any(|(n, _)| n.eq_ignore_ascii_case("partition")) {
+        if given.subscribe
+            && !columns
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("partition"))
+        {
             // A member's rows carry the partition they were read from, as windowed rows do.
-            let (_, t) = duck::parse(conn, &format!("SELECT {s}.\"partition\" AS \"partition\" FROM __se_events AS {s}", s = quote_ident(&sh.stream)))
-                .map_err(EtlError::Duck)?;
-            let item = t.get("select_list").and_then(Value::as_array).and_then(|l| l.first()).cloned();
-            if let (Some(list), Some(item)) = (node.get_mut("select_list").and_then(Value::as_array_mut), item) {
+            let (_, t) = duck::parse(
+                conn,
+                &format!(
+                    "SELECT {s}.\"partition\" AS \"partition\" FROM __se_events AS {s}",
+                    s = quote_ident(&sh.stream)
+                ),
+            )
+            .map_err(EtlError::Duck)?;
+            let item = t
+                .get("select_list")
+                .and_then(Value::as_array)
+                .and_then(|l| l.first())
+                .cloned();
+            if let (Some(list), Some(item)) = (
+                node.get_mut("select_list").and_then(Value::as_array_mut),
+                item,
+            ) {
                 list.push(item);
             }
             columns.push(("partition".into(), "INTEGER".into()));
@@ -345,9 +397,13 @@ fn plan_statement(
     };
     let mut ms = Vec::new();
     for (arg, node) in wf.interval_args().iter().zip(intervals) {
-        let v = duck::millis(conn, &answer, node).map_err(|m| fail(format!("{}'s {arg} {m}", wf.name())))?;
+        let v = duck::millis(conn, &answer, node)
+            .map_err(|m| fail(format!("{}'s {arg} {m}", wf.name())))?;
         if v <= 0 {
-            return Err(fail(format!("{}'s {arg} must be > 0 (got {v} ms)", wf.name())));
+            return Err(fail(format!(
+                "{}'s {arg} must be > 0 (got {v} ms)",
+                wf.name()
+            )));
         }
         ms.push(v);
     }
@@ -390,7 +446,8 @@ fn plan_statement(
             Some(_) => other_keys = true,
             None => {
                 let bound = ast::column_names(g).is_some_and(|n| {
-                    n.last().is_some_and(|c| BOUNDS.iter().any(|b| b.eq_ignore_ascii_case(c)))
+                    n.last()
+                        .is_some_and(|c| BOUNDS.iter().any(|b| b.eq_ignore_ascii_case(c)))
                 });
                 other_keys |= !bound;
             }
@@ -404,14 +461,28 @@ fn plan_statement(
     cfg.keys = key_cols
         .iter()
         .enumerate()
-        .map(|(i, c)| KeyColumn { path: c.path.clone(), name: format!("__se_k{i}") })
+        .map(|(i, c)| KeyColumn {
+            path: c.path.clone(),
+            name: format!("__se_k{i}"),
+        })
         .collect();
     let key = upsert_key(&sh, &columns, is_aggregate);
-    let fast = engine_aggregates(&sh, &key_cols, &cfg.columns, &described, is_aggregate, other_keys);
+    let fast = engine_aggregates(
+        &sh,
+        &key_cols,
+        &cfg.columns,
+        &described,
+        is_aggregate,
+        other_keys,
+    );
     if let Some((aggs, projection)) = fast {
         let mut used = key_cols.clone();
         for a in &aggs {
-            if let Some(c) = a.path.as_ref().and_then(|p| cfg.columns.iter().find(|c| c.path == *p)) {
+            if let Some(c) = a
+                .path
+                .as_ref()
+                .and_then(|p| cfg.columns.iter().find(|c| c.path == *p))
+            {
                 if !used.iter().any(|u| u.name == c.name) {
                     used.push(c.clone());
                 }
@@ -442,9 +513,20 @@ fn plan_statement(
     cfg.stage_all = true;
     let events = events_columns(cfg);
     typing
-        .table("__se_events", &events.iter().map(|(n, t, _)| (n.clone(), t.clone())).collect::<Vec<_>>())
+        .table(
+            "__se_events",
+            &events
+                .iter()
+                .map(|(n, t, _)| (n.clone(), t.clone()))
+                .collect::<Vec<_>>(),
+        )
         .map_err(EtlError::Duck)?;
-    let staged_names: Vec<String> = cfg.staged_schema().columns.iter().map(|c| c.name.clone()).collect();
+    let staged_names: Vec<String> = cfg
+        .staged_schema()
+        .columns
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
     let row_node = row_step(&node, &sh, &staged_names, conn)?;
     let row_sql = duck::print(conn, &answer, &row_node).map_err(&fail)?;
     let rows = duck::describe(conn, &row_sql).map_err(&fail)?;
@@ -460,7 +542,9 @@ fn plan_statement(
             match bound.as_deref() {
                 Some("window_start") => "make_timestamptz(r.c0 * 1000)".to_string(),
                 Some("window_end") => "make_timestamptz(r.c1 * 1000)".to_string(),
-                _ => match stream_column_of(e, &sh, &key_cols).and_then(|c| key_cols.iter().position(|k| k.name == c.name)) {
+                _ => match stream_column_of(e, &sh, &key_cols)
+                    .and_then(|c| key_cols.iter().position(|k| k.name == c.name))
+                {
                     Some(k) => format!("CAST(r.c{} AS {ty})", 2 + k),
                     None => format!("CAST(NULL AS {ty})"),
                 },
@@ -472,7 +556,11 @@ fn plan_statement(
         target,
         columns,
         key,
-        body: Body::Staged { row_step: row_sql, rows, close: close_sql },
+        body: Body::Staged {
+            row_step: row_sql,
+            rows,
+            close: close_sql,
+        },
         normalized,
         retract,
     })
@@ -493,7 +581,11 @@ fn calls_aggregate(v: &Value, is_aggregate: &dyn Fn(&str) -> bool) -> bool {
 }
 
 /// The typed stream column an expression is exactly (a bare or stream-qualified reference).
-fn stream_column_of<'c>(e: &Value, sh: &Shape, typed: &'c [TypedColumn]) -> Option<&'c TypedColumn> {
+fn stream_column_of<'c>(
+    e: &Value,
+    sh: &Shape,
+    typed: &'c [TypedColumn],
+) -> Option<&'c TypedColumn> {
     let n = ast::column_names(e)?;
     let col = match n.as_slice() {
         [rel, col] if rel.eq_ignore_ascii_case(&sh.stream) => col,
@@ -516,8 +608,10 @@ fn upsert_key(
             None => !calls_aggregate(e, is_aggregate),
             Some(g) => g.iter().any(|g| same_expr(g, e)),
         };
-        let is_end = ast::column_names(e)
-            .is_some_and(|n| n.last().is_some_and(|c| c.eq_ignore_ascii_case("window_end")));
+        let is_end = ast::column_names(e).is_some_and(|n| {
+            n.last()
+                .is_some_and(|c| c.eq_ignore_ascii_case("window_end"))
+        });
         if grouped && !is_end {
             if let Some((n, _)) = columns.get(i) {
                 key.push(n.clone());
@@ -602,7 +696,10 @@ fn engine_aggregates(
         let name = format!("__se_a{}", aggs.len());
         let spec = match (f.as_str(), args.as_slice()) {
             ("count_star", []) => format!("count(*) AS {name}"),
-            ("count", [(_, a)]) => format!("count({}) AS {name}", stream_column_of(a, sh, typed)?.path.as_str()),
+            ("count", [(_, a)]) => format!(
+                "count({}) AS {name}",
+                stream_column_of(a, sh, typed)?.path.as_str()
+            ),
             ("sum" | "min" | "max" | "avg", [(_, a)]) => {
                 let c = stream_column_of(a, sh, typed)?;
                 if c.repr != Repr::Double || c.sql_type != "DOUBLE" {
@@ -625,8 +722,11 @@ fn engine_aggregates(
 /// The query node with the stream's table reference replaced by the cycle's events, under the
 /// name the statement reads the stream by.
 fn replace_stream(node: &Value, sh: &Shape, conn: &Connection) -> Result<Value> {
-    let (_, template) = duck::parse(conn, &format!("SELECT * FROM __se_events AS {}", quote_ident(&sh.stream)))
-        .map_err(EtlError::Duck)?;
+    let (_, template) = duck::parse(
+        conn,
+        &format!("SELECT * FROM __se_events AS {}", quote_ident(&sh.stream)),
+    )
+    .map_err(EtlError::Duck)?;
     let events = template.get("from_table").cloned().unwrap_or(Value::Null);
     let mut out = node.clone();
     if let Some(from) = out.get_mut("from_table") {
@@ -682,11 +782,22 @@ fn row_step(node: &Value, sh: &Shape, engine: &[String], conn: &Connection) -> R
         };
         items.push(format!("{expr} AS {}", quote_ident(&staged(sh, r))));
     }
-    let (_, template) = duck::parse(conn, &format!("SELECT {} FROM __se_events AS {s}", items.join(", ")))
-        .map_err(EtlError::Duck)?;
+    let (_, template) = duck::parse(
+        conn,
+        &format!("SELECT {} FROM __se_events AS {s}", items.join(", ")),
+    )
+    .map_err(EtlError::Duck)?;
     let mut out = replace_stream(node, sh, conn)?;
     if let (Some(o), Some(t)) = (out.as_object_mut(), template.as_object()) {
-        for field in ["select_list", "group_expressions", "group_sets", "aggregate_handling", "having", "modifiers", "qualify"] {
+        for field in [
+            "select_list",
+            "group_expressions",
+            "group_sets",
+            "aggregate_handling",
+            "having",
+            "modifiers",
+            "qualify",
+        ] {
             if let Some(v) = t.get(field) {
                 o.insert(field.into(), v.clone());
             }
@@ -705,27 +816,54 @@ fn close(node: &Value, sh: &Shape, conn: &Connection) -> Result<Value> {
         .iter()
         .map(|r| {
             let key = match &r.relation {
-                Some(rel) => format!("{}.{}", rel.to_ascii_lowercase(), r.column.to_ascii_lowercase()),
+                Some(rel) => format!(
+                    "{}.{}",
+                    rel.to_ascii_lowercase(),
+                    r.column.to_ascii_lowercase()
+                ),
                 None => r.column.to_ascii_lowercase(),
             };
             (key, staged(sh, r))
         })
         .collect();
-    let relations: Vec<String> = std::iter::once(sh.stream.clone()).chain(sh.lookups.iter().cloned()).collect();
+    let relations: Vec<String> = std::iter::once(sh.stream.clone())
+        .chain(sh.lookups.iter().cloned())
+        .collect();
     let stream = sh.stream.clone();
     let rename = move |names: &[String]| -> Option<Vec<String>> {
-        let bound = |c: &str| BOUNDS.iter().find(|b| b.eq_ignore_ascii_case(c)).map(|b| b.to_string());
+        let bound = |c: &str| {
+            BOUNDS
+                .iter()
+                .find(|b| b.eq_ignore_ascii_case(c))
+                .map(|b| b.to_string())
+        };
         match names {
             [rel, col, rest @ ..] if rel.eq_ignore_ascii_case(&stream) && bound(col).is_some() => {
-                Some(std::iter::once(bound(col)?).chain(rest.iter().cloned()).collect())
+                Some(
+                    std::iter::once(bound(col)?)
+                        .chain(rest.iter().cloned())
+                        .collect(),
+                )
             }
             [rel, col, rest @ ..] if relations.iter().any(|r| r.eq_ignore_ascii_case(rel)) => {
-                let s = staged_names.get(&format!("{}.{}", rel.to_ascii_lowercase(), col.to_ascii_lowercase()))?;
-                Some(std::iter::once(s.clone()).chain(rest.iter().cloned()).collect())
+                let s = staged_names.get(&format!(
+                    "{}.{}",
+                    rel.to_ascii_lowercase(),
+                    col.to_ascii_lowercase()
+                ))?;
+                Some(
+                    std::iter::once(s.clone())
+                        .chain(rest.iter().cloned())
+                        .collect(),
+                )
             }
             [col, rest @ ..] => {
                 let s = staged_names.get(&col.to_ascii_lowercase())?;
-                Some(std::iter::once(s.clone()).chain(rest.iter().cloned()).collect())
+                Some(
+                    std::iter::once(s.clone())
+                        .chain(rest.iter().cloned())
+                        .collect(),
+                )
             }
             [] => None,
         }
@@ -750,9 +888,15 @@ fn close(node: &Value, sh: &Shape, conn: &Connection) -> Result<Value> {
         if let Some(l) = o.get_mut("select_list").and_then(Value::as_array_mut) {
             l.push(w.clone());
         }
-        let explicit = o.get("group_expressions").and_then(Value::as_array).is_some_and(|g| !g.is_empty());
+        let explicit = o
+            .get("group_expressions")
+            .and_then(Value::as_array)
+            .is_some_and(|g| !g.is_empty());
         if explicit {
-            let g = o.get("group_expressions").and_then(Value::as_array).map_or(0, Vec::len);
+            let g = o
+                .get("group_expressions")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len);
             if let Some(l) = o.get_mut("group_expressions").and_then(Value::as_array_mut) {
                 l.push(w);
             }

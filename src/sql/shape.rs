@@ -55,16 +55,6 @@ pub struct Ref {
     pub column: String,
 }
 
-impl Ref {
-    /// The name a staged event carries this column under (`o.amount` as one name).
-    pub fn staged_name(&self) -> String {
-        match &self.relation {
-            Some(r) => format!("{r}.{}", self.column),
-            None => self.column.clone(),
-        }
-    }
-}
-
 /// The window bounds a windowed statement's rows have (supplied as its windows close).
 pub const BOUNDS: [&str; 2] = ["window_start", "window_end"];
 
@@ -112,7 +102,8 @@ fn reads_stream(m: &serde_json::Map<String, Value>) -> bool {
         (_, "FUNCTION") => {
             WindowFn::of(ast::text(&v, "function_name")).is_some()
                 && ast::arguments(&v).first().is_some_and(|(_, a)| {
-                    column_names(a).is_some_and(|n| n.len() == 1 && n[0].eq_ignore_ascii_case("stream"))
+                    column_names(a)
+                        .is_some_and(|n| n.len() == 1 && n[0].eq_ignore_ascii_case("stream"))
                 })
         }
         _ => false,
@@ -131,9 +122,16 @@ pub fn shape(
         return refuse("UNION, EXCEPT and INTERSECT are not supported: a statement reads the stream once; write one INSERT INTO ... SELECT per part");
     }
     if kind(node) != "SELECT_NODE" {
-        return refuse(format!("a {} query is not supported: write SELECT ... FROM stream", kind(node)));
+        return refuse(format!(
+            "a {} query is not supported: write SELECT ... FROM stream",
+            kind(node)
+        ));
     }
-    let mods = node.get("modifiers").and_then(Value::as_array).cloned().unwrap_or_default();
+    let mods = node
+        .get("modifiers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     for m in &mods {
         match kind(m) {
             "ORDER_MODIFIER" => return refuse("ORDER BY at the top of a statement is not supported: rows land in a table, in no order; order them where you read it"),
@@ -142,8 +140,9 @@ pub fn shape(
             _ => {}
         }
     }
-    if ast::any(node, &|m| m.get("class").and_then(Value::as_str) == Some("WINDOW"))
-        || node.get("qualify").is_some_and(|q| !q.is_null())
+    if ast::any(node, &|m| {
+        m.get("class").and_then(Value::as_str) == Some("WINDOW")
+    }) || node.get("qualify").is_some_and(|q| !q.is_null())
     {
         return refuse("window functions (OVER) are not supported: the stream has no end to order it by; use TUMBLE, HOP or SESSION and GROUP BY window_start");
     }
@@ -162,12 +161,18 @@ pub fn shape(
     if let Some(from) = node.get("from_table") {
         ast::table_refs(from, &mut refs, &mut joins);
     }
-    let Some(pos) = refs.iter().position(|r| reads_stream_ref(r)) else {
+    let Some(pos) = refs.iter().position(reads_stream_ref) else {
         return refuse("the stream is read in a subquery or a CTE: read it in the statement's own FROM clause (FROM stream, or FROM TUMBLE(stream, ...))");
     };
     let stream = refs.remove(pos);
-    if let Some(r) = refs.iter().find(|r| r.kind == "TABLE_FUNCTION" && WindowFn::of(&r.object).is_some()) {
-        return refuse(format!("{} reads a relation other than the stream: its first argument must be stream", r.object.to_ascii_uppercase()));
+    if let Some(r) = refs
+        .iter()
+        .find(|r| r.kind == "TABLE_FUNCTION" && WindowFn::of(&r.object).is_some())
+    {
+        return refuse(format!(
+            "{} reads a relation other than the stream: its first argument must be stream",
+            r.object.to_ascii_uppercase()
+        ));
     }
     let window = match stream.kind.as_str() {
         "TABLE_FUNCTION" => Some(window_call(&stream.node)?),
@@ -177,9 +182,16 @@ pub fn shape(
     let select: Vec<(String, Value)> = node
         .get("select_list")
         .and_then(Value::as_array)
-        .map(|l| l.iter().map(|e| (ast::text(e, "alias").to_string(), e.clone())).collect())
+        .map(|l| {
+            l.iter()
+                .map(|e| (ast::text(e, "alias").to_string(), e.clone()))
+                .collect()
+        })
         .unwrap_or_default();
-    let group_sets = node.get("group_sets").and_then(Value::as_array).map_or(0, Vec::len);
+    let group_sets = node
+        .get("group_sets")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
     if group_sets > 1 {
         return refuse("GROUPING SETS, ROLLUP and CUBE are not supported: group a windowed statement by window_start and its keys");
     }
@@ -206,12 +218,16 @@ pub fn shape(
         match r {
             [rel, col, ..] if rel.eq_ignore_ascii_case(&stream.name) => Some(col.clone()),
             [col, ..] if !lookups.iter().any(|l| l.eq_ignore_ascii_case(col)) || r.len() == 1 => {
-                stream_columns.iter().find(|c| c.eq_ignore_ascii_case(col)).cloned()
+                stream_columns
+                    .iter()
+                    .find(|c| c.eq_ignore_ascii_case(col))
+                    .cloned()
             }
             _ => None,
         }
     };
-    let stream_columns_read: BTreeSet<String> = all_refs.iter().filter_map(|r| is_stream(r)).collect();
+    let stream_columns_read: BTreeSet<String> =
+        all_refs.iter().filter_map(|r| is_stream(r)).collect();
     let Some((wf, _)) = &window else {
         if !exprs.is_empty() || group_all || having.is_some() || aggregates {
             return refuse("aggregates and GROUP BY need a window: FROM TUMBLE(stream, event_time, INTERVAL ...) ... GROUP BY window_start, ...; a statement over FROM stream writes each event's rows as they arrive");
@@ -236,14 +252,21 @@ pub fn shape(
     let mut outputs: Vec<&Value> = select.iter().map(|(_, e)| e).collect();
     outputs.extend(exprs.iter());
     outputs.extend(having.iter());
-    if outputs.iter().any(|e| ast::any(e, &|m| m.get("class").and_then(Value::as_str) == Some("SUBQUERY"))) {
+    if outputs.iter().any(|e| {
+        ast::any(e, &|m| {
+            m.get("class").and_then(Value::as_str) == Some("SUBQUERY")
+        })
+    }) {
         return refuse("a subquery in a windowed statement's SELECT, GROUP BY or HAVING is not supported: join the table in FROM instead (it is read as each event is)");
     }
     for part in ["where_clause"] {
         if let Some(w) = node.get(part) {
             let mut r = Vec::new();
             ast::column_refs(w, &[], &mut r);
-            if r.iter().any(|n| n.last().is_some_and(|c| BOUNDS.iter().any(|b| b.eq_ignore_ascii_case(c)))) {
+            if r.iter().any(|n| {
+                n.last()
+                    .is_some_and(|c| BOUNDS.iter().any(|b| b.eq_ignore_ascii_case(c)))
+            }) {
                 return refuse("WHERE cannot read window_start or window_end (an event's window is placed after WHERE); use HAVING");
             }
         }
@@ -252,7 +275,8 @@ pub fn shape(
     // list); GROUP BY ALL selects it bare.
     let is_start = |e: &Value| {
         column_names(e).is_some_and(|n| {
-            n.last().is_some_and(|c| c.eq_ignore_ascii_case("window_start"))
+            n.last()
+                .is_some_and(|c| c.eq_ignore_ascii_case("window_start"))
                 && (n.len() == 1 || n[0].eq_ignore_ascii_case(&stream.name))
         })
     };
@@ -265,13 +289,18 @@ pub fn shape(
             .and_then(|v| v.get("value"))
             .and_then(Value::as_u64)
             .map(|n| n as usize)
-            .or_else(|| e.get("literal").and_then(|l| ast::text(l, "text").parse().ok()))?;
+            .or_else(|| {
+                e.get("literal")
+                    .and_then(|l| ast::text(l, "text").parse().ok())
+            })?;
         select.get(n.checked_sub(1)?).map(|(_, s)| s)
     };
     let grouped = if group_all {
         select.iter().any(|(_, e)| is_start(e))
     } else {
-        exprs.iter().any(|e| is_start(e) || by_position(e).is_some_and(is_start))
+        exprs
+            .iter()
+            .any(|e| is_start(e) || by_position(e).is_some_and(is_start))
     };
     if !grouped {
         return refuse(format!(
@@ -279,7 +308,11 @@ pub fn shape(
             wf.name()
         ));
     }
-    let select_aliases: Vec<&str> = select.iter().map(|(a, _)| a.as_str()).filter(|a| !a.is_empty()).collect();
+    let select_aliases: Vec<&str> = select
+        .iter()
+        .map(|(a, _)| a.as_str())
+        .filter(|a| !a.is_empty())
+        .collect();
     let mut out_refs: Vec<Vec<String>> = Vec::new();
     for (_, e) in &select {
         ast::column_refs(e, &[], &mut out_refs);
@@ -290,17 +323,30 @@ pub fn shape(
     }
     let mut refs = BTreeSet::new();
     let mut add = |names: &[String], may_be_alias: bool| {
-        let relations: Vec<&String> = std::iter::once(&stream.name).chain(lookups.iter()).collect();
+        let relations: Vec<&String> = std::iter::once(&stream.name)
+            .chain(lookups.iter())
+            .collect();
         let r = match names {
             [rel, col, ..] if relations.iter().any(|r| r.eq_ignore_ascii_case(rel)) => Ref {
-                relation: Some(relations.iter().find(|r| r.eq_ignore_ascii_case(rel)).map_or(rel.clone(), |r| (*r).clone())),
+                relation: Some(
+                    relations
+                        .iter()
+                        .find(|r| r.eq_ignore_ascii_case(rel))
+                        .map_or(rel.clone(), |r| (*r).clone()),
+                ),
                 column: col.clone(),
             },
             [col, ..] => {
-                if may_be_alias && names.len() == 1 && select_aliases.iter().any(|a| a.eq_ignore_ascii_case(col)) {
+                if may_be_alias
+                    && names.len() == 1
+                    && select_aliases.iter().any(|a| a.eq_ignore_ascii_case(col))
+                {
                     return;
                 }
-                Ref { relation: None, column: col.clone() }
+                Ref {
+                    relation: None,
+                    column: col.clone(),
+                }
             }
             [] => return,
         };
@@ -352,19 +398,35 @@ fn window_call(table_fn: &Value) -> Result<(WindowFn, Vec<Value>), Refused> {
     let f = table_fn.get("function").cloned().unwrap_or(Value::Null);
     let name = ast::text(&f, "function_name");
     let Some(wf) = WindowFn::of(name) else {
-        return refuse(format!("{name} is not a window function: FROM TUMBLE, HOP or SESSION over the stream"));
+        return refuse(format!(
+            "{name} is not a window function: FROM TUMBLE, HOP or SESSION over the stream"
+        ));
     };
     let args = ast::arguments(&f);
     let want = 2 + wf.interval_args().len();
-    let usage = format!("{}(stream, event_time, {})", wf.name(), wf.interval_args().iter().map(|a| format!("<{a}>")).collect::<Vec<_>>().join(", "));
+    let usage = format!(
+        "{}(stream, event_time, {})",
+        wf.name(),
+        wf.interval_args()
+            .iter()
+            .map(|a| format!("<{a}>"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     if args.len() != want {
         return refuse(format!("{} takes {want} arguments: {usage}", wf.name()));
     }
     if let Some((n, _)) = args.iter().find(|(n, _)| !n.is_empty()) {
-        return refuse(format!("{}'s arguments are positional (got {n} := ...): {usage}", wf.name()));
+        return refuse(format!(
+            "{}'s arguments are positional (got {n} := ...): {usage}",
+            wf.name()
+        ));
     }
     let time = column_names(args[1].1);
-    if !time.as_ref().is_some_and(|n| n.last().is_some_and(|c| c.eq_ignore_ascii_case("event_time"))) {
+    if !time.as_ref().is_some_and(|n| {
+        n.last()
+            .is_some_and(|c| c.eq_ignore_ascii_case("event_time"))
+    }) {
         let shown = time.map_or("an expression".to_string(), |n| n.join("."));
         return refuse(format!(
             "{} over {shown}: a window is over event_time, the stream's event time (time_field, time_format say where it is read from)",
@@ -390,9 +452,18 @@ mod tests {
     }
 
     fn columns() -> Vec<String> {
-        ["amount", "customer_id", "status", "key", "a", "id", "event_time", "event_time_ms"]
-            .map(String::from)
-            .to_vec()
+        [
+            "amount",
+            "customer_id",
+            "status",
+            "key",
+            "a",
+            "id",
+            "event_time",
+            "event_time_ms",
+        ]
+        .map(String::from)
+        .to_vec()
     }
 
     fn is_aggregate(f: &str) -> bool {
@@ -427,7 +498,11 @@ mod tests {
             );
             let h = shaped("hop", v).unwrap();
             assert_eq!(h.window.as_ref().map(|w| w.0), Some(WindowFn::Hop));
-            assert_eq!(h.group_by.as_ref().map(Vec::len), Some(2), "GROUP BY key, 2");
+            assert_eq!(
+                h.group_by.as_ref().map(Vec::len),
+                Some(2),
+                "GROUP BY key, 2"
+            );
         }
     }
 
@@ -436,7 +511,10 @@ mod tests {
         for v in ["v14", "v20"] {
             let s = shaped("transform", v).unwrap();
             assert!(s.window.is_none());
-            assert_eq!((s.stream.as_str(), s.lookups.as_slice()), ("s", &["d".to_string()][..]));
+            assert_eq!(
+                (s.stream.as_str(), s.lookups.as_slice()),
+                ("s", &["d".to_string()][..])
+            );
             assert_eq!(s.joins, ["LEFT"]);
         }
     }

@@ -291,7 +291,10 @@ mod tests {
         assert_eq!(all.len(), 3);
         assert_eq!(all[0].target.as_deref(), Some("a"));
         assert_eq!(all[0].query, "SELECT ';' AS x, \"y;z\" FROM stream");
-        assert_eq!(all[1].query, "SELECT $$;$$, $t$ $$; $t$ FROM stream /* ; */");
+        assert_eq!(
+            all[1].query,
+            "SELECT $$;$$, $t$ $$; $t$ FROM stream /* ; */"
+        );
         assert_eq!(all[2].target, None);
         assert_eq!(all[2].query, "SELECT 1 FROM stream");
     }

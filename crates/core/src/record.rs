@@ -861,7 +861,9 @@ mod tests {
         let mut key = Vec::new();
         plan.key(&f, None, (&[], &[]), &mut key).unwrap();
         assert_eq!(
-            key_parts(&key, 3).map(Option::unwrap_or_default).collect::<Vec<_>>(),
+            key_parts(&key, 3)
+                .map(Option::unwrap_or_default)
+                .collect::<Vec<_>>(),
             vec!["eu", "A\"1", "true"]
         );
         let mut late = String::new();

@@ -212,7 +212,8 @@ impl Checkpoint {
         if !std::path::Path::new(path).exists() {
             return None;
         }
-        let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let flags =
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(path, flags).ok()?;
         conn.busy_timeout(std::time::Duration::from_secs(5)).ok()?;
         conn.query_row(
