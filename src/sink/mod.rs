@@ -3,13 +3,15 @@
 //! in one transaction, each table with one statement ([`insert`]), trying commits that conflict
 //! again and compacting a DuckLake ([`lake`]); [`catalog`] says which catalog the tables are in
 //! and what it can do; a `subscribe` run keeps its partitions' state beside them
-//! ([`partition_store`]); the aggregates DuckDB computes read the events of open windows
-//! staged beside them too ([`staged`]).
+//! ([`partition_store`], its rows in [`partition_rows`]); the aggregates DuckDB computes read the
+//! events of open windows staged beside them too ([`staged`]); a job written as SQL's statement
+//! runs its part of each cycle in [`sql_cycle`].
 
 pub mod catalog;
 pub mod duck_sink;
 pub mod insert;
 pub mod lake;
+pub mod partition_rows;
 pub mod partition_store;
 pub mod sql_cycle;
 pub mod staged;

@@ -16,8 +16,7 @@ use std::time::Duration;
 use duckdb::types::Value;
 use duckdb::Connection;
 use streaming_etl_core::{
-    Batch, ByTable, Column, ColumnType, EtlError, JobSettings, OutputSchemas, Result, Rows,
-    TableSchema,
+    ByTable, Column, ColumnType, EtlError, JobSettings, OutputSchemas, Result, TableSchema,
 };
 use streaming_etl_runtime::clock::{Clock, SystemClock};
 use streaming_etl_runtime::group::{
@@ -25,11 +24,12 @@ use streaming_etl_runtime::group::{
 };
 
 use super::catalog::OutputCatalog;
-use super::insert::{insert_parts, insert_staged, Part, StagedPart, Verb};
+use super::insert::Verb;
 use super::lake::{
     compact, keep_in_files, restore_retry_wait, shorten_retry_wait, with_retry, with_retry_for,
 };
-use super::sql_cycle::{add_output_column, Cycle, SqlOutput};
+use super::partition_rows::PartitionOutput;
+use super::sql_cycle::{add_output_column, SqlOutput};
 use super::staged::{ensure_staged_table, Staging};
 use super::tables::{ensure_table, sink_error};
 use crate::host::connections::SharedConn;
@@ -158,6 +158,16 @@ impl LakeStore {
     pub fn with_staging(mut self, staging: Option<Staging>) -> LakeStore {
         self.staging = staging;
         self
+    }
+
+    /// Where and how a commit writes its partitions' rows.
+    fn output(&self) -> PartitionOutput<'_> {
+        PartitionOutput {
+            tables: &self.tables,
+            staging: self.staging.as_ref(),
+            sql: self.sql.as_ref(),
+            verb: self.verb(),
+        }
     }
 
     fn verb(&self) -> Verb {
@@ -374,7 +384,7 @@ impl LakeStore {
             conn.execute_batch("ROLLBACK").map_err(duck(st))?;
             return self.try_commit_checked(conn, owner, parts, schemas);
         }
-        self.write_rows(conn, parts, schemas)?;
+        self.output().write(conn, parts, schemas)?;
         self.finish(conn)
     }
 
@@ -421,7 +431,7 @@ impl LakeStore {
                 parts.len()
             )));
         }
-        self.write_rows(conn, parts, schemas)?;
+        self.output().write(conn, parts, schemas)?;
         let list: Vec<String> = parts.iter().map(|p| p.partition.to_string()).collect();
         conn.execute(
             &format!(
@@ -468,95 +478,6 @@ impl LakeStore {
         conn.execute_batch("COMMIT")
             .map_err(duck(&self.tables.windows))?;
         Ok(Vec::new())
-    }
-
-    /// The cycle's rows of `parts` (windows, late events, dead letters, and staged events if
-    /// the job has any), inside the commit's transaction.
-    fn write_rows(
-        &self,
-        conn: &Connection,
-        parts: &[PartitionCommit<'_>],
-        schemas: &OutputSchemas,
-    ) -> Result<()> {
-        let verb = self.verb();
-        let pick: [fn(&Batch) -> &Rows; 3] = [|b| &b.windows, |b| &b.late, |b| &b.dead];
-        let targets = [
-            (&self.tables.windows, &schemas.windows),
-            (&self.tables.late, &schemas.late),
-            (&self.tables.dead, &schemas.dead),
-        ];
-        if let Some(staging) = &self.staging {
-            // A partition's first commit: events an earlier job of this name staged for it are
-            // none of this one's.
-            for p in parts.iter().filter(|p| p.state.seq == 1) {
-                conn.execute_batch(&staging.clear(Some(p.partition)))
-                    .map_err(duck(&staging.table))?;
-            }
-        }
-        if let Some(sql) = &self.sql {
-            let rows_of = |pick: fn(&Batch) -> &Rows, with_partition: bool| -> Vec<Part<'_>> {
-                parts
-                    .iter()
-                    .map(|p| Part {
-                        rows: pick(p.batch),
-                        partition: with_partition.then_some(p.partition),
-                    })
-                    .collect()
-            };
-            let (windows, late) = (rows_of(pick[0], true), rows_of(pick[1], false));
-            let staged: Vec<StagedPart<'_>> = parts
-                .iter()
-                .map(|p| StagedPart {
-                    rows: &p.batch.staged.rows,
-                    partition: Some(p.partition),
-                    live_from_pane_ms: p.batch.staged.live_from_pane_ms,
-                })
-                .collect();
-            let cycle = Cycle {
-                windows: &windows,
-                late: &late,
-                staged: &staged,
-                late_table: &self.tables.late,
-                late_schema: &schemas.late,
-            };
-            // A partition's windows close once, and its rows commit with its state: a statement
-            // without revisions appends them (DuckLake 1.4's MERGE of such rows failed in the
-            // Parquet reader while members wrote at once; see docs/semantics.md).
-            let target_verb = if sql.revisions() { verb } else { Verb::Insert };
-            sql.write(conn, &cycle, target_verb, verb)?;
-            return insert_parts(
-                conn,
-                &self.tables.dead,
-                &schemas.dead,
-                &rows_of(pick[2], false),
-                verb,
-            );
-        }
-        for (i, ((table, schema), rows_of)) in targets.into_iter().zip(pick).enumerate() {
-            let rows: Vec<Part<'_>> = parts
-                .iter()
-                .map(|p| Part {
-                    rows: rows_of(p.batch),
-                    // Late events and dead letters have a partition column of their own.
-                    partition: (i == 0).then_some(p.partition),
-                })
-                .collect();
-            match self.staging.as_ref().filter(|_| i == 0) {
-                Some(staging) => {
-                    let events: Vec<StagedPart<'_>> = parts
-                        .iter()
-                        .map(|p| StagedPart {
-                            rows: &p.batch.staged.rows,
-                            partition: Some(p.partition),
-                            live_from_pane_ms: p.batch.staged.live_from_pane_ms,
-                        })
-                        .collect();
-                    insert_staged(conn, table, schema, &rows, verb, staging, &events)?;
-                }
-                None => insert_parts(conn, table, schema, &rows, verb)?,
-            }
-        }
-        Ok(())
     }
 }
 

@@ -14,7 +14,8 @@
 
 use duckdb::Connection;
 use streaming_etl_core::{
-    Column, ColumnType, EngineConfig, Result, Role, TableSchema, FATE_COLUMN,
+    Batch, Column, ColumnType, EngineConfig, OutputSchemas, Result, Role, Rows, TableSchema,
+    FATE_COLUMN,
 };
 
 use super::insert::{cast_columns, lend, write_rows, Part, StagedPart, Verb};
@@ -189,6 +190,51 @@ impl SqlOutput {
             }
         }
         Ok(())
+    }
+
+    /// The statement's part of a `subscribe` commit: each partition's batch (`batches`), written
+    /// with its late events and dead letters (`tables`: the late and dead tables) in the
+    /// commit's transaction. A partition's windows close once and its rows commit with its
+    /// state, so a statement without revisions appends them (DuckLake 1.4's MERGE of such rows
+    /// failed in DuckDB's Parquet reader while members wrote at once: see docs/sql.md).
+    pub fn write_partitions(
+        &self,
+        conn: &Connection,
+        batches: &[(i32, &Batch)],
+        (late_table, dead_table): (&str, &str),
+        schemas: &OutputSchemas,
+        verb: Verb,
+    ) -> Result<()> {
+        let rows_of = |pick: fn(&Batch) -> &Rows, with_partition: bool| -> Vec<Part<'_>> {
+            batches
+                .iter()
+                .map(|(p, b)| Part {
+                    rows: pick(b),
+                    partition: with_partition.then_some(*p),
+                })
+                .collect()
+        };
+        let windows = rows_of(|b| &b.windows, true);
+        let late = rows_of(|b| &b.late, false);
+        let staged: Vec<StagedPart<'_>> = batches
+            .iter()
+            .map(|(p, b)| StagedPart {
+                rows: &b.staged.rows,
+                partition: Some(*p),
+                live_from_pane_ms: b.staged.live_from_pane_ms,
+            })
+            .collect();
+        let cycle = Cycle {
+            windows: &windows,
+            late: &late,
+            staged: &staged,
+            late_table,
+            late_schema: &schemas.late,
+        };
+        let target_verb = if self.revisions() { verb } else { Verb::Insert };
+        self.write(conn, &cycle, target_verb, verb)?;
+        let dead = rows_of(|b| &b.dead, false);
+        super::insert::insert_parts(conn, dead_table, &schemas.dead, &dead, verb)
     }
 
     /// `__se_events`, the cycle's events typed as the statement reads them; false when the

@@ -1,0 +1,78 @@
+//! The rows a `subscribe` commit writes for its partitions, in the commit's transaction beside
+//! their state rows: window rows (with their partition), late events, dead letters, and staged
+//! events of DuckDB's aggregates, or a SQL statement's part (`sql_cycle`).
+
+use duckdb::Connection;
+use streaming_etl_core::{Batch, ByTable, OutputSchemas, Result, Rows};
+use streaming_etl_runtime::group::PartitionCommit;
+
+use super::insert::{insert_parts, insert_staged, Part, StagedPart, Verb};
+use super::sql_cycle::SqlOutput;
+use super::staged::Staging;
+use super::tables::sink_error;
+
+/// What a commit writes its partitions' rows into, and how.
+pub(super) struct PartitionOutput<'a> {
+    pub tables: &'a ByTable<String>,
+    pub staging: Option<&'a Staging>,
+    pub sql: Option<&'a SqlOutput>,
+    pub verb: Verb,
+}
+
+impl PartitionOutput<'_> {
+    /// The cycle's rows of `parts` (windows, late events, dead letters, and staged events if
+    /// the job has any), inside the commit's transaction.
+    pub(super) fn write(
+        &self,
+        conn: &Connection,
+        parts: &[PartitionCommit<'_>],
+        schemas: &OutputSchemas,
+    ) -> Result<()> {
+        let verb = self.verb;
+        let pick: [fn(&Batch) -> &Rows; 3] = [|b| &b.windows, |b| &b.late, |b| &b.dead];
+        let targets = [
+            (&self.tables.windows, &schemas.windows),
+            (&self.tables.late, &schemas.late),
+            (&self.tables.dead, &schemas.dead),
+        ];
+        if let Some(staging) = self.staging {
+            // A partition's first commit: events an earlier job of this name staged for it are
+            // none of this one's.
+            for p in parts.iter().filter(|p| p.state.seq == 1) {
+                conn.execute_batch(&staging.clear(Some(p.partition)))
+                    .map_err(|e| sink_error(&staging.table, e))?;
+            }
+        }
+        if let Some(sql) = self.sql {
+            let batches: Vec<(i32, &Batch)> =
+                parts.iter().map(|p| (p.partition, p.batch)).collect();
+            let tables = (self.tables.late.as_str(), self.tables.dead.as_str());
+            return sql.write_partitions(conn, &batches, tables, schemas, verb);
+        }
+        for (i, ((table, schema), rows_of)) in targets.into_iter().zip(pick).enumerate() {
+            let rows: Vec<Part<'_>> = parts
+                .iter()
+                .map(|p| Part {
+                    rows: rows_of(p.batch),
+                    // Late events and dead letters have a partition column of their own.
+                    partition: (i == 0).then_some(p.partition),
+                })
+                .collect();
+            match self.staging.filter(|_| i == 0) {
+                Some(staging) => {
+                    let events: Vec<StagedPart<'_>> = parts
+                        .iter()
+                        .map(|p| StagedPart {
+                            rows: &p.batch.staged.rows,
+                            partition: Some(p.partition),
+                            live_from_pane_ms: p.batch.staged.live_from_pane_ms,
+                        })
+                        .collect();
+                    insert_staged(conn, table, schema, &rows, verb, staging, &events)?;
+                }
+                None => insert_parts(conn, table, schema, &rows, verb)?,
+            }
+        }
+        Ok(())
+    }
+}
