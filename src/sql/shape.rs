@@ -302,6 +302,9 @@ pub fn shape(
             .iter()
             .any(|e| is_start(e) || by_position(e).is_some_and(is_start))
     };
+    if grouped && !select.iter().any(|(_, e)| is_start(e)) {
+        return refuse("a windowed statement selects window_start: its rows are a window's, and with write_mode := 'upsert' window_start is part of their key".to_string());
+    }
     if !grouped {
         return refuse(format!(
             "a windowed statement must be grouped by window_start: ... FROM {}(stream, event_time, ...) GROUP BY window_start, <keys> (or GROUP BY ALL with window_start selected)",
