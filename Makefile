@@ -133,7 +133,7 @@ sqltest: release configure
 # DuckDB lines; DuckLake's tests run on 1.4 (the line PyPI has its extensions for).
 CORE_TESTS := test/python/test_semantics.py test/python/test_windows.py test/python/test_file_source.py \
               test/python/test_host.py test/python/test_sandbox.py test/python/test_duckdb_aggregates.py \
-              test/python/test_sql_jobs.py
+              test/python/test_sql_jobs.py test/python/test_sql_sets.py
 
 pytest: release dist fault tools configure $(TANSU) $(CARGO_FUZZ)
 	$(PY) -m pytest -q test/python

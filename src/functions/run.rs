@@ -233,12 +233,14 @@ fn start_group(
     let conn = SharedConn::new(host.checkout()?);
     let job = &with_resolver(job, &conn);
     let windows = windows_with_partition(&job.engine.schemas().windows);
+    // A job written as SQL stages its statements' events (their outputs say where).
     let staging = Staging::of(
         &job.engine,
         staged_table(&plan.tables.windows).sql(),
         &windows,
         true,
-    );
+    )
+    .filter(|_| sql.is_none());
     let store = LakeStore::new(
         conn,
         &job.job,
@@ -249,10 +251,7 @@ fn start_group(
         plan.compaction,
     )
     .with_staging(staging)
-    .with_sql(
-        sql.and_then(|j| j.statements.first())
-            .map(|s| SqlOutput::new(s, &job.engine, &windows, true)),
-    );
+    .with_sql(SqlOutput::for_job(sql, &job.engine, true));
     let SourceSpec::Kafka { topic } = &plan.source else {
         return Err(EtlError::Internal("subscribe without a Kafka topic".into()));
     };
@@ -366,10 +365,9 @@ fn single_sink(
         staged_table(&plan.tables.windows).sql(),
         &windows,
         false,
-    );
-    let sql = sql
-        .and_then(|j| j.statements.first())
-        .map(|s| SqlOutput::new(s, engine, &windows, false));
+    )
+    .filter(|_| sql.is_none());
+    let sql = SqlOutput::for_job(sql, engine, false);
     DuckSink::new(
         conn,
         plan.write_mode,
@@ -495,6 +493,15 @@ impl<F: Form> VTab for RunFunction<F> {
             };
             add_columns(bind, RUN_COLUMNS);
             let catalog = output_catalog(&host, &plan)?;
+            if let Some(job) = &sql {
+                let targets: Vec<(String, TableName)> = job
+                    .statements
+                    .iter()
+                    .map(|s| (s.target_shown.clone(), s.target.clone()))
+                    .collect();
+                let pooled = host.checkout()?;
+                crate::sink::catalog::check_targets(pooled.conn()?, &catalog, &targets)?;
+            }
             if !plan.subscribe {
                 create_tables(&host, &plan, &catalog, sql.as_ref())?;
             }

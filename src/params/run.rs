@@ -211,6 +211,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         stage_all: false,
         typed_inputs: false,
         null_keys: false,
+        layers: Vec::new(),
     };
     if engine.revisions() && sql.is_none() {
         check_revision_columns(&given, &engine)?;

@@ -66,6 +66,18 @@ impl TableName {
         TableName { parts }
     }
 
+    /// Whether two names may name one table: equal but for case, the one perhaps less
+    /// qualified than the other (a job's tables are all in one catalog).
+    pub fn same_as(&self, other: &TableName) -> bool {
+        let n = self.parts.len().min(other.parts.len());
+        self.parts
+            .iter()
+            .rev()
+            .zip(other.parts.iter().rev())
+            .take(n)
+            .all(|(a, b)| a.eq_ignore_ascii_case(b))
+    }
+
     /// The name quoted for SQL.
     pub fn sql(&self) -> String {
         self.parts
@@ -95,6 +107,15 @@ pub fn quote_ident(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_of_one_table_are_the_same() {
+        let n = |s: &str| TableName::parse(s).unwrap();
+        assert!(n("a").same_as(&n("main.A")));
+        assert!(n("lake.main.a").same_as(&n("main.a")));
+        assert!(!n("a").same_as(&n("b")));
+        assert!(!n("s.a").same_as(&n("main.a")));
+    }
 
     #[test]
     fn table_names() {

@@ -117,3 +117,26 @@ pub fn resolve(conn: &Connection, tables: &ByTable<TableName>) -> Result<OutputC
     }
     Ok(windows.clone())
 }
+
+/// Checks that a job's statements' targets (`targets`: each as shown and as named) are all in
+/// `catalog`, the catalog of its other tables: a cycle commits all of them in one transaction.
+pub fn check_targets(
+    conn: &Connection,
+    catalog: &OutputCatalog,
+    targets: &[(String, TableName)],
+) -> Result<()> {
+    let (all, current) = attached(conn)?;
+    for (shown, name) in targets {
+        let other = catalog_of(conn, &all, &current, "sql", name)?;
+        if !other.name.eq_ignore_ascii_case(&catalog.name) {
+            return Err(EtlError::Statement {
+                target: shown.clone(),
+                message: format!(
+                    "{shown} is in catalog '{}' and the job's other tables in '{}': a cycle commits every statement's rows in one transaction, which writes one catalog; INSERT INTO tables of one catalog",
+                    other.name, catalog.name
+                ),
+            });
+        }
+    }
+    Ok(())
+}

@@ -63,8 +63,8 @@ pub struct DuckSink {
     prepared: HashMap<Tables, (ByTable<Keys>, String)>,
     /// The aggregates DuckDB computes over the job's staged events, if it has any.
     staging: Option<Staging>,
-    /// A job written as SQL: its statement's output.
-    sql: Option<SqlOutput>,
+    /// A job written as SQL: its statements' outputs.
+    sql: Vec<SqlOutput>,
 }
 
 impl DuckSink {
@@ -83,24 +83,24 @@ impl DuckSink {
             compaction,
             prepared: HashMap::new(),
             staging: None,
-            sql: None,
+            sql: Vec::new(),
         }
     }
 
     /// A sink for a job written as SQL (see `sql_cycle`).
-    pub fn with_sql(mut self, sql: Option<SqlOutput>) -> DuckSink {
-        if let Some(s) = &sql {
-            self.staging = s.staging().cloned();
-        }
+    pub fn with_sql(mut self, sql: Vec<SqlOutput>) -> DuckSink {
         self.sql = sql;
         self
     }
 
-    /// The SQL statement's output for the job's own tables.
-    fn sql_for(&self, tables: &Tables) -> Option<&SqlOutput> {
-        self.sql
-            .as_ref()
-            .filter(|_| *tables == self.job_tables.as_ref().map(TableName::sql))
+    /// The SQL statements' outputs for the job's own tables (none: a job of parameters, or a
+    /// batch an earlier version left).
+    fn sql_for(&self, tables: &Tables) -> &[SqlOutput] {
+        if *tables == self.job_tables.as_ref().map(TableName::sql) {
+            &self.sql
+        } else {
+            &[]
+        }
     }
 
     /// A sink for a job whose aggregates DuckDB computes in part (see `staged`).
@@ -142,7 +142,7 @@ struct WritePlan<'a> {
     /// Whether the marker table keeps one row per job (DuckDB's storage) or is appended to.
     prune_marker: bool,
     staging: Option<&'a Staging>,
-    sql: Option<&'a SqlOutput>,
+    sql: &'a [SqlOutput],
 }
 
 impl WritePlan<'_> {
@@ -161,24 +161,31 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
     conn.execute_batch("BEGIN TRANSACTION")
         .map_err(|e| EtlError::Duck(e.to_string()))?;
     let result = (|| {
-        if let (Some(staging), 1) = (plan.staging, out.seq) {
-            // A new job: events staged under its name by an earlier job are none of its own.
-            conn.execute_batch(&staging.clear(None))
-                .map_err(|e| sink_error(&staging.table, e))?;
+        if out.seq == 1 {
+            let stagings = plan
+                .staging
+                .into_iter()
+                .chain(plan.sql.iter().filter_map(SqlOutput::staging));
+            for staging in stagings {
+                // A new job: events staged under its name by an earlier job are none of its own.
+                conn.execute_batch(&staging.clear(None))
+                    .map_err(|e| sink_error(&staging.table, e))?;
+            }
         }
-        if let Some(sql) = plan.sql {
+        for sql in plan.sql {
+            let batch = sql.part(out.batch);
             let windows = [Part {
-                rows: &out.batch.windows,
+                rows: &batch.windows,
                 partition: None,
             }];
             let late = [Part {
-                rows: &out.batch.late,
+                rows: &batch.late,
                 partition: None,
             }];
             let staged = [StagedPart {
-                rows: &out.batch.staged.rows,
+                rows: &batch.staged.rows,
                 partition: None,
-                live_from_pane_ms: out.batch.staged.live_from_pane_ms,
+                live_from_pane_ms: batch.staged.live_from_pane_ms,
             }];
             let cycle = Cycle {
                 windows: &windows,
@@ -193,6 +200,8 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
                 plan.verb(plan.keys.windows),
                 plan.verb(plan.keys.late),
             )?;
+        }
+        if !plan.sql.is_empty() {
             insert(
                 conn,
                 &out.tables.dead,
@@ -207,7 +216,7 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
             .zip(plan.keys)
             .into_iter()
             .enumerate()
-            .filter(|_| plan.sql.is_none())
+            .filter(|_| plan.sql.is_empty())
         {
             let verb = match plan.verb(keys) {
                 // A window's row may be in the table already, from an earlier cycle.
@@ -278,12 +287,12 @@ impl OutputSink for DuckSink {
         let catalog_keys = self.catalog.has_keys();
         let mut keys = ByTable::<Keys>::default();
         let sql = self.sql_for(tables);
-        let sql_schemas = sql.map(|s| ByTable {
+        let sql_schemas = sql.first().map(|s| ByTable {
             windows: s.target.without_key(),
             late: SqlOutput::late_schema(&schemas.late),
             dead: schemas.dead.clone(),
         });
-        if sql.is_some() {
+        if !sql.is_empty() {
             add_output_column(conn, &tables.late)?;
         }
         let schemas = sql_schemas.as_ref().unwrap_or(schemas);
@@ -306,12 +315,27 @@ impl OutputSink for DuckSink {
                 _ => Keys::None,
             };
         }
-        if let (Some(_), WriteMode::Upsert) = (sql, self.mode) {
+        for s in sql.iter().skip(1) {
+            // The other statements' targets, as the first's (the windows table's place).
+            let table = s.stmt.target.sql();
+            with_retry(&table, || {
+                ensure_table(conn, &table, &s.target.without_key(), catalog_keys)
+                    .inspect_err(|_| {
+                        let _ = conn.execute_batch("ROLLBACK");
+                    })
+                    .map(drop)
+            })?;
+        }
+        if let (false, WriteMode::Upsert) = (sql.is_empty(), self.mode) {
             // A statement's target has no primary key (its GROUP BY keys may be NULL): rows
             // are matched on them with NULLs equal.
             keys.windows = Keys::Merge;
         }
-        if let Some(staging) = self.staging_for(tables) {
+        let stagings = self
+            .staging_for(tables)
+            .into_iter()
+            .chain(sql.iter().filter_map(SqlOutput::staging));
+        for staging in stagings {
             with_retry(&staging.table, || {
                 ensure_staged_table(conn, staging).inspect_err(|_| {
                     let _ = conn.execute_batch("ROLLBACK");

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use duckdb::Connection;
-use streaming_etl_core::{EtlError, Result};
+use streaming_etl_core::{EtlError, Result, TableSchema};
 use streaming_etl_runtime::sink::Tables;
 
-use super::tables::sink_error;
+use super::tables::{ensure_table, sink_error};
 use crate::params::{quote_ident, TableName};
 
 /// Commits that conflict with another writer's (a DuckLake's optimistic concurrency) are tried
@@ -304,4 +304,19 @@ mod tests {
             "{err}"
         );
     }
+}
+
+/// Creates the tables of `tables` that are missing, without keys (a lake has none), retrying a
+/// conflict with another member creating them at once (the one that retries finds them).
+pub fn ensure_tables(conn: &Connection, tables: &[(String, TableSchema)]) -> Result<()> {
+    for (table, schema) in tables {
+        with_retry(table, || {
+            ensure_table(conn, table, &schema.without_key(), false)
+                .inspect_err(|_| {
+                    let _ = conn.execute_batch("ROLLBACK");
+                })
+                .map(drop)
+        })?;
+    }
+    Ok(())
 }

@@ -15,7 +15,8 @@ use super::tables::sink_error;
 pub(super) struct PartitionOutput<'a> {
     pub tables: &'a ByTable<String>,
     pub staging: Option<&'a Staging>,
-    pub sql: Option<&'a SqlOutput>,
+    /// A job written as SQL: its statements' outputs.
+    pub sql: &'a [SqlOutput],
     pub verb: Verb,
 }
 
@@ -35,7 +36,11 @@ impl PartitionOutput<'_> {
             (&self.tables.late, &schemas.late),
             (&self.tables.dead, &schemas.dead),
         ];
-        if let Some(staging) = self.staging {
+        let stagings = self
+            .staging
+            .into_iter()
+            .chain(self.sql.iter().filter_map(SqlOutput::staging));
+        for staging in stagings {
             // A partition's first commit: events an earlier job of this name staged for it are
             // none of this one's.
             for p in parts.iter().filter(|p| p.state.seq == 1) {
@@ -43,11 +48,20 @@ impl PartitionOutput<'_> {
                     .map_err(|e| sink_error(&staging.table, e))?;
             }
         }
-        if let Some(sql) = self.sql {
+        if !self.sql.is_empty() {
             let batches: Vec<(i32, &Batch)> =
                 parts.iter().map(|p| (p.partition, p.batch)).collect();
-            let tables = (self.tables.late.as_str(), self.tables.dead.as_str());
-            return sql.write_partitions(conn, &batches, tables, schemas, verb);
+            for sql in self.sql {
+                sql.write_partitions(conn, &batches, &self.tables.late, schemas, verb)?;
+            }
+            let dead: Vec<Part<'_>> = parts
+                .iter()
+                .map(|p| Part {
+                    rows: &p.batch.dead,
+                    partition: None,
+                })
+                .collect();
+            return insert_parts(conn, &self.tables.dead, &schemas.dead, &dead, verb);
         }
         for (i, ((table, schema), rows_of)) in targets.into_iter().zip(pick).enumerate() {
             let rows: Vec<Part<'_>> = parts

@@ -15,9 +15,7 @@ use std::time::Duration;
 
 use duckdb::types::Value;
 use duckdb::Connection;
-use streaming_etl_core::{
-    ByTable, Column, ColumnType, EtlError, JobSettings, OutputSchemas, Result, TableSchema,
-};
+use streaming_etl_core::{ByTable, EtlError, JobSettings, OutputSchemas, Result, TableSchema};
 use streaming_etl_runtime::clock::{Clock, SystemClock};
 use streaming_etl_runtime::group::{
     parse_settings, settings_text, Claim, Moved, PartitionCommit, PartitionSnapshot, PartitionStore,
@@ -26,12 +24,14 @@ use streaming_etl_runtime::group::{
 use super::catalog::OutputCatalog;
 use super::insert::Verb;
 use super::lake::{
-    compact, keep_in_files, restore_retry_wait, shorten_retry_wait, with_retry, with_retry_for,
+    compact, ensure_tables, keep_in_files, restore_retry_wait, shorten_retry_wait, with_retry,
+    with_retry_for,
 };
 use super::partition_rows::PartitionOutput;
 use super::sql_cycle::{add_output_column, SqlOutput};
 use super::staged::{ensure_staged_table, Staging};
-use super::tables::{ensure_table, sink_error};
+use super::tables::sink_error;
+pub use super::tables::windows_with_partition;
 use crate::host::connections::SharedConn;
 use crate::params::{Compaction, TableName, WriteMode};
 
@@ -57,15 +57,6 @@ struct StoredRow {
     watermark_ms: Option<i64>,
     open_windows: Option<Vec<u8>>,
     settings: Option<String>,
-}
-
-/// The windows table of a `subscribe` run: a `partition` column, part of the key.
-pub fn windows_with_partition(schema: &TableSchema) -> TableSchema {
-    let mut with = schema.clone();
-    with.columns
-        .push(Column::new("partition", ColumnType::Integer));
-    with.primary_key.push("partition".into());
-    with
 }
 
 fn now_ms() -> i64 {
@@ -99,8 +90,8 @@ pub struct LakeStore {
     staging: Option<Staging>,
     /// Whether DuckLake's retry wait was shortened on the connection (see `shorten_retry_wait`).
     short_retry_wait: bool,
-    /// A job written as SQL: its statement's output (see `sql_cycle`).
-    sql: Option<SqlOutput>,
+    /// A job written as SQL: its statements' outputs (see `sql_cycle`).
+    sql: Vec<SqlOutput>,
 }
 
 impl Drop for LakeStore {
@@ -139,18 +130,22 @@ impl LakeStore {
             commits: 0,
             staging: None,
             short_retry_wait: false,
-            sql: None,
+            sql: Vec::new(),
         }
     }
 
-    /// A store for a job written as SQL: its statement's rows, late events and staged rows
+    /// A store for a job written as SQL: its statements' rows, late events and staged rows
     /// commit with each partition's state.
-    pub fn with_sql(mut self, sql: Option<SqlOutput>) -> LakeStore {
-        if let Some(s) = &sql {
-            self.staging = s.staging().cloned();
-        }
+    pub fn with_sql(mut self, sql: Vec<SqlOutput>) -> LakeStore {
         self.sql = sql;
         self
+    }
+
+    /// The tables of staged events: the job's, or its statements'.
+    fn stagings(&self) -> impl Iterator<Item = &Staging> {
+        self.staging
+            .iter()
+            .chain(self.sql.iter().filter_map(SqlOutput::staging))
     }
 
     /// A store for a job whose aggregates DuckDB computes in part (see `staged`): each
@@ -165,7 +160,7 @@ impl LakeStore {
         PartitionOutput {
             tables: &self.tables,
             staging: self.staging.as_ref(),
-            sql: self.sql.as_ref(),
+            sql: &self.sql,
             verb: self.verb(),
         }
     }
@@ -491,21 +486,21 @@ impl PartitionStore for LakeStore {
         let mut schemas = schemas.clone();
         schemas.windows = windows_with_partition(&schemas.windows);
         let mut tables_of = schemas.clone();
-        if let Some(sql) = &self.sql {
+        if let Some(sql) = self.sql.first() {
             tables_of.windows = sql.target.clone();
             tables_of.late = SqlOutput::late_schema(&schemas.late);
             add_output_column(conn, &self.tables.late)?;
         }
-        for (table, schema) in self.tables.as_ref().zip(tables_of.as_ref()).iter() {
-            with_retry(table, || {
-                ensure_table(conn, table, &schema.without_key(), false)
-                    .inspect_err(|_| {
-                        let _ = conn.execute_batch("ROLLBACK");
-                    })
-                    .map(drop)
-            })?;
-        }
-        if let Some(staging) = &self.staging {
+        let job_tables = self.tables.clone().zip(tables_of);
+        // A set's other statements' targets (the first's is the windows table's place).
+        let others = self.sql.iter().skip(1);
+        let tables: Vec<(String, TableSchema)> =
+            [job_tables.windows, job_tables.late, job_tables.dead]
+                .into_iter()
+                .chain(others.map(|s| (s.stmt.target.sql(), s.target.clone())))
+                .collect();
+        ensure_tables(conn, &tables)?;
+        for staging in self.stagings() {
             with_retry(&staging.table, || {
                 ensure_staged_table(conn, staging).inspect_err(|_| {
                     let _ = conn.execute_batch("ROLLBACK");
@@ -535,9 +530,10 @@ impl PartitionStore for LakeStore {
         // ever appended may be inlined, as the lake's attach says (measured in
         // docs/benchmarks.md#scale-out-subscribe).
         let mut deleted_from = vec![st.clone()];
-        deleted_from.extend(self.staging.as_ref().map(|s| s.table.clone()));
+        deleted_from.extend(self.stagings().map(|s| s.table.clone()));
         if self.mode == WriteMode::Upsert {
             deleted_from.push(self.tables.windows.clone());
+            deleted_from.extend(self.sql.iter().skip(1).map(|s| s.stmt.target.sql()));
         }
         // Members starting at once update the same catalog rows: retried as commits are.
         with_retry_for(st, CONTENDED_FOR, || {

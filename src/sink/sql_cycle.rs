@@ -23,7 +23,7 @@ use super::staged::{staged_table, Staging};
 use super::tables::{revision_columns, sink_error};
 use crate::functions::batch::Lent;
 use crate::params::{quote_ident, quote_literal};
-use crate::sql::{events_columns, Body, SqlStatement};
+use crate::sql::{events_columns, Body, SqlJob, SqlStatement};
 
 /// The late table's column that names the statement an event was late for.
 pub const OUTPUT_COLUMN: &str = "output";
@@ -44,9 +44,43 @@ pub struct SqlOutput {
     events: Vec<(String, String, String)>,
     staging: Option<Staging>,
     partitioned: bool,
+    /// Its part of a batch of a job of several statements (None: the batch is its own).
+    layer: Option<usize>,
 }
 
 impl SqlOutput {
+    /// The outputs of a job's statements (none: a job of parameters), each with its own part of
+    /// the engine (`engine`; with `partitioned`, the rows of a `subscribe` run).
+    pub fn for_job(job: Option<&SqlJob>, engine: &EngineConfig, partitioned: bool) -> Vec<Self> {
+        let Some(job) = job else {
+            return Vec::new();
+        };
+        job.statements
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let (cfg, layer) = match engine.layers.get(i) {
+                    Some(l) => (l, Some(i)),
+                    None => (engine, None),
+                };
+                let mut windows = cfg.schemas().windows;
+                if partitioned {
+                    windows = super::tables::windows_with_partition(&windows);
+                }
+                let mut out = SqlOutput::new(s, cfg, &windows, partitioned);
+                out.layer = layer;
+                out
+            })
+            .collect()
+    }
+
+    /// The statement's part of a cycle's batch.
+    pub fn part<'b>(&self, batch: &'b Batch) -> &'b Batch {
+        self.layer
+            .and_then(|i| batch.layers.get(i))
+            .unwrap_or(batch)
+    }
+
     /// `engine`: the engine's window rows as the batch has them (with `partition` last when
     /// `partitioned`).
     pub fn new(
@@ -97,6 +131,7 @@ impl SqlOutput {
             events: events_columns(cfg),
             staging,
             partitioned,
+            layer: None,
         }
     }
 
@@ -193,18 +228,20 @@ impl SqlOutput {
     }
 
     /// The statement's part of a `subscribe` commit: each partition's batch (`batches`), written
-    /// with its late events and dead letters (`tables`: the late and dead tables) in the
-    /// commit's transaction. A partition's windows close once and its rows commit with its
-    /// state, so a statement without revisions appends them (DuckLake 1.4's MERGE of such rows
-    /// failed in DuckDB's Parquet reader while members wrote at once: see docs/sql.md).
+    /// with its late events (into `late_table`) in the commit's transaction. A partition's
+    /// windows close once and its rows commit with its state, so a statement without revisions
+    /// appends them (DuckLake 1.4's MERGE of such rows failed in DuckDB's Parquet reader while
+    /// members wrote at once: see docs/sql.md).
     pub fn write_partitions(
         &self,
         conn: &Connection,
         batches: &[(i32, &Batch)],
-        (late_table, dead_table): (&str, &str),
+        late_table: &str,
         schemas: &OutputSchemas,
         verb: Verb,
     ) -> Result<()> {
+        let batches: Vec<(i32, &Batch)> = batches.iter().map(|(p, b)| (*p, self.part(b))).collect();
+        let batches = &batches[..];
         let rows_of = |pick: fn(&Batch) -> &Rows, with_partition: bool| -> Vec<Part<'_>> {
             batches
                 .iter()
@@ -232,9 +269,7 @@ impl SqlOutput {
             late_schema: &schemas.late,
         };
         let target_verb = if self.revisions() { verb } else { Verb::Insert };
-        self.write(conn, &cycle, target_verb, verb)?;
-        let dead = rows_of(|b| &b.dead, false);
-        super::insert::insert_parts(conn, dead_table, &schemas.dead, &dead, verb)
+        self.write(conn, &cycle, target_verb, verb)
     }
 
     /// `__se_events`, the cycle's events typed as the statement reads them; false when the

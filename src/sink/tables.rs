@@ -2,7 +2,7 @@
 //! columns the job writes, and the errors that name the table a write failed on.
 
 use duckdb::Connection;
-use streaming_etl_core::{ColumnType, EtlError, Result, TableSchema};
+use streaming_etl_core::{Column, ColumnType, EtlError, Result, TableSchema};
 
 use crate::params::quote_ident;
 
@@ -91,4 +91,13 @@ pub(crate) fn ensure_table(
         ));
     }
     Ok(have.iter().any(|(_, k)| k.as_deref() == Some("PRI")))
+}
+
+/// The windows table of a `subscribe` run: a `partition` column, part of the key.
+pub fn windows_with_partition(schema: &TableSchema) -> TableSchema {
+    let mut with = schema.clone();
+    with.columns
+        .push(Column::new("partition", ColumnType::Integer));
+    with.primary_key.push("partition".into());
+    with
 }

@@ -12,8 +12,7 @@ use streaming_etl_core::{EngineConfig, EtlError, Repr, Result, Role};
 
 use super::ast;
 use super::duck;
-use super::plan::STREAM_COLUMNS;
-use super::shape::{Ref, Shape, BOUNDS};
+use super::shape::{Ref, Shape, BOUNDS, STREAM_COLUMNS};
 use crate::params::{quote_ident, transform_spec};
 
 /// The columns of the cycle's events (`__se_events`) for a job's engine: name, type, and the

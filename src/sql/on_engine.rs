@@ -136,6 +136,15 @@ pub(super) fn engine_aggregates(
             return None;
         }
         let args = ast::arguments(e);
+        // The engine's aggregates read a field: one two typed columns read (as two types) is
+        // DuckDB's to aggregate, by the column's name.
+        let shared = |c: &TypedColumn| typed.iter().filter(|t| t.path == c.path).count() > 1;
+        if args
+            .iter()
+            .any(|(_, a)| stream_column_of(a, sh, typed).is_some_and(shared))
+        {
+            return None;
+        }
         let name = format!("__se_a{}", aggs.len());
         let spec = match (f.as_str(), args.as_slice()) {
             ("count_star", []) => format!("count(*) AS {name}"),

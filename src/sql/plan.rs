@@ -21,7 +21,9 @@ use std::collections::HashSet;
 
 use duckdb::Connection;
 use serde_json::Value;
-use streaming_etl_core::{EngineConfig, EtlError, KeyColumn, Result, TypedColumn, WindowKind};
+use streaming_etl_core::{
+    EngineConfig, EtlError, KeyColumn, Result, TypedColumn, WindowKind, MAX_AGGREGATES,
+};
 
 use super::ast;
 use super::duck::{self, Typing};
@@ -29,21 +31,13 @@ use super::on_duckdb::{close, events_columns, replace_stream, row_step};
 use super::on_engine::{
     calls_aggregate, engine_aggregates, placeholder, stream_column_of, upsert_key,
 };
-use super::shape::{shape, WindowFn, BOUNDS};
+use super::shape::{shape, WindowFn, BOUNDS, STREAM_COLUMNS};
 use super::text::{statements, StatementText};
 use crate::params::{quote_ident, TableName};
 
 /// The window of a transform-only job (its windows are never written): a day, so that the
 /// engine keeps one open window.
 const TRANSFORM_WINDOW_MS: i64 = 86_400_000;
-
-/// The stream's own columns besides the typed ones.
-pub const STREAM_COLUMNS: [(&str, &str); 4] = [
-    ("event_time", "TIMESTAMP WITH TIME ZONE"),
-    ("event_time_ms", "BIGINT"),
-    ("partition", "INTEGER"),
-    ("offset", "BIGINT"),
-];
 
 /// A job written as SQL.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,13 +134,6 @@ pub fn plan(conn: &Connection, given: &Given<'_>, cfg: &mut EngineConfig) -> Res
             shorten(given.text),
         )
     })?;
-    if texts.len() > 1 {
-        return Err(EtlError::invalid(
-            "sql",
-            "holds several statements; a job runs one statement (INSERT INTO <table> SELECT ...)",
-            shorten(given.text),
-        ));
-    }
     for c in &cfg.columns {
         if let Some((n, _)) = STREAM_COLUMNS
             .iter()
@@ -161,11 +148,75 @@ pub fn plan(conn: &Connection, given: &Given<'_>, cfg: &mut EngineConfig) -> Res
     }
     let aggregates = duck::aggregate_names(conn).map_err(EtlError::Duck)?;
     let is_aggregate = |f: &str| aggregates.contains(&f.to_ascii_lowercase());
-    let mut out = Vec::new();
+    let mut out: Vec<SqlStatement> = Vec::new();
+    let mut layers = Vec::new();
     for t in &texts {
-        out.push(plan_statement(conn, given, cfg, t, &is_aggregate)?);
+        let mut layer = cfg.clone();
+        let s = plan_statement(conn, given, &mut layer, t, &is_aggregate)?;
+        if let Some(first) = out.iter().find(|o| o.target.same_as(&s.target)) {
+            let also = if first.target_shown == s.target_shown {
+                String::new()
+            } else {
+                format!(" (the other names it {})", first.target_shown)
+            };
+            return Err(stmt_err(
+                &s.target_shown,
+                format!(
+                    "two statements insert into {}{also}; each statement of a job writes a table of its own",
+                    s.target_shown
+                ),
+            ));
+        }
+        out.push(s);
+        layers.push(layer);
     }
+    *cfg = together(cfg, layers, &out)?;
     Ok(SqlJob { statements: out })
+}
+
+/// The engine of a job of its statements' engines (`layers`): one statement's own; several
+/// statements' read once, each event decoded into the typed columns any of them uses, with
+/// each statement's windows, keys and aggregates as a layer of their own.
+fn together(
+    base: &EngineConfig,
+    mut layers: Vec<EngineConfig>,
+    statements: &[SqlStatement],
+) -> Result<EngineConfig> {
+    if layers.len() == 1 {
+        return Ok(layers.remove(0));
+    }
+    let mut cfg = base.clone();
+    cfg.columns = base
+        .columns
+        .iter()
+        .filter(|c| {
+            layers
+                .iter()
+                .any(|l| l.columns.iter().any(|u| u.path == c.path))
+        })
+        .cloned()
+        .collect();
+    cfg.keys = Vec::new();
+    cfg.default_key = false;
+    cfg.null_keys = true;
+    cfg.stage_all = false;
+    cfg.typed_inputs = layers.iter().any(|l| l.typed_inputs);
+    cfg.aggregates = layers
+        .iter()
+        .flat_map(|l| l.aggregates.iter().cloned())
+        .collect();
+    if cfg.aggregates.len() > MAX_AGGREGATES {
+        let last = statements.last().map_or("", |s| s.target_shown.as_str());
+        return Err(stmt_err(
+            last,
+            format!(
+                "the job's statements compute {} aggregates in the engine, and a job computes at most {MAX_AGGREGATES}; split the statements over two jobs",
+                cfg.aggregates.len()
+            ),
+        ));
+    }
+    cfg.layers = layers;
+    Ok(cfg)
 }
 
 /// Checks that each statement's target, where it exists, has the columns the statement makes

@@ -11,6 +11,14 @@ use serde_json::Value;
 
 use super::ast::{self, class, column_names, kind, TableRef};
 
+/// The stream's own columns besides the typed ones.
+pub const STREAM_COLUMNS: [(&str, &str); 4] = [
+    ("event_time", "TIMESTAMP WITH TIME ZONE"),
+    ("event_time_ms", "BIGINT"),
+    ("partition", "INTEGER"),
+    ("offset", "BIGINT"),
+];
+
 /// The window functions a statement reads the stream through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WindowFn {

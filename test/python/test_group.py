@@ -315,11 +315,22 @@ WHERE o.value > 1
 GROUP BY ALL"""
 
 
-def test_a_sql_job_in_a_group_equals_one_process(tmp_path, postgres, mock):
-    """A job written as SQL (a lookup join with a table of the lake, WHERE, DuckDB's aggregates):
-    a member killed with SIGKILL while it follows the topic, then bounded runs by two members at
-    once, end with the rows of one straight process: each partition's staged rows, rows and
-    state move together."""
+# A set: a transform and a HOP statement beside it, over one read.
+SQL_SET = SQL_JOB + """;
+INSERT INTO lake.{prefix}big SELECT o.key, o.value, o.partition, o."offset" FROM stream AS o WHERE o.value > 8;
+INSERT INTO lake.{prefix}by_key SELECT key, window_start, count(*) AS n
+FROM HOP(stream, event_time, INTERVAL 1 SECOND, INTERVAL 2 SECOND) GROUP BY ALL"""
+
+SET_ROWS = ["SELECT key, value, partition, \"offset\" FROM lake.{p}big",
+            "SELECT key, epoch_ms(window_start), n, partition FROM lake.{p}by_key"]
+
+
+@pytest.mark.parametrize("text,more", [(SQL_JOB, []), (SQL_SET, SET_ROWS)], ids=["one statement", "a set"])
+def test_a_sql_job_in_a_group_equals_one_process(tmp_path, postgres, mock, text, more):
+    """A job written as SQL (a lookup join with a table of the lake, WHERE, DuckDB's aggregates;
+    or a set of statements over one read): a member killed with SIGKILL while it follows the
+    topic, then bounded runs by two members at once, end with the rows of one straight process:
+    each partition's staged rows, rows and state (every statement's) move together."""
     topic = "q" + uuid.uuid4().hex[:8]
     mock.create_topic(topic, PARTITIONS)
     catalog, data, con = new_lake(tmp_path, postgres)
@@ -328,7 +339,7 @@ def test_a_sql_job_in_a_group_equals_one_process(tmp_path, postgres, mock):
     columns = "columns={'key': 'VARCHAR', 'payload.value AS value': 'DECIMAL(6,1)'}"
     common = [f"brokers='{mock.bootstrap}'", "subscribe=true", f"kafka={GROUP_KAFKA}", columns, "lateness_ms=200"]
     job = tmp_path / "job.sql"
-    job.write_text(SQL_JOB.format(prefix=""))
+    job.write_text(text.format(prefix=""))
     send(mock.bootstrap, topic, messages(0, 3000))
     member = Member(tmp_path, "q", env, topic, [*common, "job='q'", "follow=true", "checkpoint_interval_ms=200"],
                     form=("sql", job))
@@ -342,14 +353,15 @@ def test_a_sql_job_in_a_group_equals_one_process(tmp_path, postgres, mock):
         bounded_runs(tmp_path, [f"q{piece}{i}" for i in range(2)], env, topic, [*common, "job='q'"], form=("sql", job))
     bounded_runs(tmp_path, ["qlast"], env, topic, [*common, "job='q'"], form=("sql", job))
     straight_job = tmp_path / "straight.sql"
-    straight_job.write_text(SQL_JOB.format(prefix="s_"))
+    straight_job.write_text(text.format(prefix="s_"))
     [last] = bounded_runs(tmp_path, ["qs"], env, topic, [*common, "job='qs'", "late_table='lake.s_late_events'",
                                                        "dead_letter_table='lake.s_dead_letters'"], form=("sql", straight_job))
     assert last["status"] == "caught_up", last
     rows = "SELECT key, region, epoch_ms(window_start), n, total, med, partition FROM lake.{p}by_region"
     late = "SELECT partition, \"offset\", replace(output, 's_', '') FROM lake.{p}late_events"
-    for q in (rows, late):
+    for q in (rows, late, *more):
         got = sorted(con.execute(q.format(p="")).fetchall(), key=repr)
         want = sorted(con.execute(q.format(p="s_")).fetchall(), key=repr)
         assert_same([got, [], []], [want, [], []])
     assert con.execute("SELECT count(*) FROM lake.by_region").fetchone()[0] > 100
+    assert all(con.execute(q.format(p="")).fetchall() for q in more)

@@ -129,6 +129,25 @@ pub struct Chunk {
     /// (`Reject::Unconverted` holds a place among them).
     pub(crate) asks: Vec<Ask>,
     pub(crate) reasons: Vec<String>,
+    /// A job of several statements: each statement's keys of the messages and their hashes.
+    pub(crate) layers: Vec<LayerKeys>,
+}
+
+/// One statement's keys of a chunk's messages (a job of several statements), as `keys`,
+/// `key_ends` and `hashes` are the job's own.
+#[derive(Default)]
+pub(crate) struct LayerKeys {
+    pub(crate) keys: Vec<u8>,
+    pub(crate) ends: Vec<usize>,
+    pub(crate) hashes: Vec<u64>,
+}
+
+impl LayerKeys {
+    fn clear(&mut self) {
+        self.keys.clear();
+        self.ends.clear();
+        self.hashes.clear();
+    }
 }
 
 impl Chunk {
@@ -161,6 +180,7 @@ impl Chunk {
         self.typed.clear();
         self.asks.clear();
         self.reasons.clear();
+        self.layers.iter_mut().for_each(LayerKeys::clear);
     }
 
     /// The reason of a dead letter whose value did not convert.
@@ -288,15 +308,41 @@ impl Chunk {
         &self.keys[a..self.key_ends[i]]
     }
 
-    /// Message `i`'s aggregate inputs into `out`.
-    pub(crate) fn inputs<'a>(&'a self, i: usize, out: &mut [Input<'a>]) {
+    /// Message `i`'s key in a statement's layer (None: the job's own key).
+    #[inline]
+    pub(crate) fn key_in(&self, layer: Option<usize>, i: usize) -> &[u8] {
+        match layer.and_then(|l| self.layers.get(l)) {
+            Some(k) => {
+                let a = if i == 0 { 0 } else { k.ends[i - 1] };
+                &k.keys[a..k.ends[i]]
+            }
+            None => self.key(i),
+        }
+    }
+
+    /// The hash of message `i`'s key in a statement's layer (None: the job's own).
+    #[inline]
+    pub(crate) fn hash_in(&self, layer: Option<usize>, i: usize) -> u64 {
+        match layer.and_then(|l| self.layers.get(l)) {
+            Some(k) => k.hashes[i],
+            None => self.hashes[i],
+        }
+    }
+
+    /// Message `i`'s aggregate inputs from the `from`th on, as many as `out` takes (a
+    /// statement's own of a job of several).
+    pub(crate) fn inputs_from<'a>(&'a self, i: usize, from: usize, out: &mut [Input<'a>]) {
         let n = self.n_inputs;
         let text = |a: u32, b: u32| {
             // The decoder checked the message is UTF-8.
             std::str::from_utf8(&self.texts[a as usize..b as usize]).unwrap_or_default()
         };
-        for (k, o) in self.inputs[i * n..(i + 1) * n].iter().enumerate() {
-            out[k] = match *o {
+        let mine = self
+            .inputs
+            .get(i * n + from.min(n)..(i + 1) * n)
+            .unwrap_or(&[]);
+        for (slot, o) in out.iter_mut().zip(mine) {
+            *slot = match *o {
                 OwnedInput::Skip => Input::Skip,
                 OwnedInput::Num(v) => Input::Num(v),
                 OwnedInput::Text(a, b) => Input::Text(text(a, b)),

@@ -118,6 +118,10 @@ pub struct EngineConfig {
     /// A NULL typed key is a key (a job written as SQL groups NULLs as SQL does), not a dead
     /// letter.
     pub null_keys: bool,
+    /// A job of several statements over one read (empty: a job of one): each statement's own
+    /// windows, keys and aggregates. This configuration then decodes every event once, into the
+    /// typed columns of all of them; its keys are none and its aggregates theirs, in order.
+    pub layers: Vec<EngineConfig>,
 }
 
 /// What the engine did with a staged event (a job that stages every event).
@@ -168,6 +172,7 @@ impl EngineConfig {
             stage_all: false,
             typed_inputs: false,
             null_keys: false,
+            layers: Vec::new(),
         }
     }
 

@@ -14,10 +14,11 @@ use crate::chunk::{Lent, Rejected};
 use crate::codec::CodecError;
 use crate::config::{EngineConfig, MAX_AGGREGATES};
 use crate::error::{EtlError, Result};
+use crate::layer::{self, Layer};
 use crate::pool::{Actor, Pool};
 use crate::record::{FieldPlan, Reject};
-use crate::rows::{ColumnType, Rows};
-use crate::shard::{shard_of, Op, Shard, ShardWork, Windows};
+use crate::rows::Rows;
+use crate::shard::{shard_of, LayerOf, Op, Shard, ShardWork, Windows};
 use crate::state::Batch;
 use crate::watermark::{PartitionClock, Watermarks};
 
@@ -87,6 +88,10 @@ pub struct Engine {
     /// The wall clock the shards were last told.
     shards_now_ms: i64,
     pool: Arc<Pool>,
+    /// The job's statements' windows (a job of one: its own), each in `per_layer` shards of
+    /// `shards`, one layer after another.
+    layers: Vec<Layer>,
+    per_layer: usize,
     shards: Vec<Actor<Shard, ShardWork>>,
     epoch: Epoch,
     /// Per partition: the epoch and the place in its chunks of the partition's current chunk.
@@ -97,12 +102,11 @@ pub struct Engine {
     windows_waiting: bool,
     /// A worker thread failed (the run fails at the end of its cycle).
     failed: Option<String>,
-    /// The shape of staged events (a job whose aggregates DuckDB computes).
-    staged_types: Vec<ColumnType>,
-    /// Events merged since the output was last taken, of a job that stages them (each is
-    /// staged, unless it is late: they bound a cycle's memory as side rows do).
+    /// Events staged since the output was last taken, by the layers that stage events (each
+    /// is staged, unless it is late: they bound a cycle's memory as side rows do).
     staged_since_take: usize,
-    staging: bool,
+    /// Layers that stage events.
+    staging: usize,
 }
 
 impl Engine {
@@ -131,22 +135,31 @@ impl Engine {
         let cfg = Arc::new(cfg.clone());
         let topic: Arc<str> = Arc::from(topic);
         let schemas = cfg.schemas();
-        let windows =
-            Windows::decode_all(&cfg, restored.floor_ms, restored.open_windows.as_deref(), n)?;
-        let shards: Vec<Actor<Shard, ShardWork>> = windows
-            .into_iter()
-            .map(|w| {
+        let mut layers = Layer::of(&cfg);
+        let stored = layer::decode(restored.open_windows.as_deref(), &layers)?;
+        let mut shards: Vec<Actor<Shard, ShardWork>> = Vec::with_capacity(n * layers.len());
+        for (l, (floor_ms, data)) in layers.iter_mut().zip(stored) {
+            l.floor_ms = floor_ms;
+            let floor = l.watermark(restored.floor_ms);
+            let of = LayerOf {
+                index: l.index,
+                inputs_from: l.inputs_from,
+                columns: &cfg.columns,
+            };
+            for w in Windows::decode_all(&l.cfg, floor, data, n)? {
                 let shard = Shard::new(
-                    Arc::clone(&cfg),
+                    Arc::clone(&l.cfg),
                     Arc::clone(&topic),
-                    &schemas,
+                    &l.schemas,
                     w,
-                    restored.floor_ms,
+                    floor,
                     now_ms,
+                    &of,
                 );
-                Actor::new(shard, Shard::apply)
-            })
-            .collect();
+                shards.push(Actor::new(shard, Shard::apply));
+            }
+        }
+        let staging = layers.iter().filter(|l| l.cfg.stages()).count();
         let partitions = &restored.partitions;
         let mut engine = Engine {
             plan: FieldPlan::new(&cfg),
@@ -165,20 +178,21 @@ impl Engine {
             shards_now_ms: now_ms,
             epoch: Epoch {
                 number: 1,
-                ops: (0..n).map(|_| Vec::new()).collect(),
+                ops: (0..shards.len()).map(|_| Vec::new()).collect(),
                 chunks: Vec::new(),
                 events: 0,
             },
             slots: Vec::new(),
             pool,
+            layers,
+            per_layer: n,
             shards,
             open_windows: 0,
             pending_rows: 0,
             windows_waiting: false,
             failed: None,
-            staged_types: cfg.staged_schema().types(),
             staged_since_take: 0,
-            staging: cfg.stages(),
+            staging,
             cfg,
         };
         engine.collect();
@@ -244,8 +258,9 @@ impl Engine {
     /// has applied all it was sent, helping meanwhile.
     fn sync(&mut self, op: fn(i64) -> Op) -> Result<()> {
         let wm = self.marks.global_ms();
-        for ops in &mut self.epoch.ops {
-            ops.push(op(wm));
+        for (s, ops) in self.epoch.ops.iter_mut().enumerate() {
+            let l = &self.layers[s / self.per_layer];
+            ops.push(op(l.watermark(wm)));
         }
         self.dispatch();
         if let Some(e) = &self.failed {
@@ -294,7 +309,7 @@ impl Engine {
         }
         let states: Vec<_> = self.shards.iter().map(Actor::state).collect();
         let windows: Vec<&Windows> = states.iter().map(|s| &s.windows).collect();
-        Windows::encode_all(&windows, out);
+        layer::encode(&self.layers, &windows, out);
         Ok(())
     }
 
@@ -309,22 +324,26 @@ impl Engine {
         }
         into.clear();
         into.dead.take_from(&mut self.dead);
-        if self.cfg.stages() && into.staged.rows.types() != self.staged_types.as_slice() {
-            into.staged.rows = Rows::new(self.staged_types.clone());
+        let several = self.layers.iter().any(|l| l.index.is_some());
+        if several && into.layers.len() != self.layers.len() {
+            into.layers = self
+                .layers
+                .iter()
+                .map(|l| Batch::empty(&l.schemas))
+                .collect();
         }
-        let mut live: Option<i64> = None;
-        for s in &self.shards {
-            let mut st = s.state();
-            into.windows.take_from(&mut st.out.windows);
-            into.late.take_from(&mut st.out.late);
-            if self.cfg.stages() {
-                into.staged.rows.take_from(&mut st.out.staged);
-                if let Some(p) = st.windows.first_live_pane() {
-                    live = Some(live.map_or(p, |l| l.min(p)));
-                }
-            }
+        for (i, (l, shards)) in self
+            .layers
+            .iter()
+            .zip(self.shards.chunks(self.per_layer))
+            .enumerate()
+        {
+            let out = match into.layers.get_mut(i).filter(|_| several) {
+                Some(out) => out,
+                None => &mut *into,
+            };
+            l.take_output(shards, out);
         }
-        into.staged.live_from_pane_ms = live;
         self.pending_rows = 0;
         self.windows_waiting = false;
         self.staged_since_take = 0;
@@ -406,22 +425,23 @@ impl Engine {
             }
         };
         let slot = self.slot(idx, lent);
-        let n = self.shards.len();
-        let shard = if n == 1 {
-            0
-        } else {
-            shard_of(chunk.hashes[i], n)
-        };
-        self.epoch.ops[shard].push(Op::Event {
-            chunk: slot,
-            at: i as u32,
-            watermark: self.marks.global_ms(),
-        });
+        let n = self.per_layer;
+        let wm = self.marks.global_ms();
+        for (at, l) in self.layers.iter().enumerate() {
+            let shard = if n == 1 {
+                0
+            } else {
+                shard_of(chunk.hash_in(l.index, i), n)
+            };
+            self.epoch.ops[at * n + shard].push(Op::Event {
+                chunk: slot,
+                at: i as u32,
+                watermark: l.watermark(wm),
+            });
+        }
         self.marks.observe(idx, t);
         self.epoch.events += 1;
-        if self.staging {
-            self.staged_since_take += 1;
-        }
+        self.staged_since_take += self.staging;
         if self.epoch.events >= EPOCH_EVENTS {
             self.dispatch();
         }
@@ -528,14 +548,23 @@ impl Engine {
             ops.push(Op::Flush);
         }
         self.sync(Op::Close)?;
-        let mut last = None::<i64>;
-        for s in &self.shards {
-            if let Some(end) = s.state().flushed_to.take() {
-                last = Some(last.map_or(end, |l| l.max(end)));
+        for (l, shards) in self
+            .layers
+            .iter_mut()
+            .zip(self.shards.chunks(self.per_layer))
+        {
+            let mut last = None::<i64>;
+            for s in shards {
+                if let Some(end) = s.state().flushed_to.take() {
+                    last = Some(last.map_or(end, |l| l.max(end)));
+                }
             }
-        }
-        if let Some(end) = last {
-            self.marks.raise_to(end);
+            match (last, l.index) {
+                (Some(end), None) => self.marks.raise_to(end),
+                // A statement of several: its own watermark moves, as if it ran alone.
+                (Some(end), Some(_)) => l.floor_ms = l.floor_ms.max(end),
+                (None, _) => {}
+            }
         }
         Ok(())
     }

@@ -22,6 +22,7 @@ mod error;
 mod filter;
 mod format;
 mod hll;
+mod layer;
 mod message;
 mod parse;
 mod pipeline;

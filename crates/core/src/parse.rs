@@ -6,12 +6,12 @@
 use std::collections::HashMap;
 
 use crate::aggregate::Input;
-use crate::chunk::{Ask, Chunk, OwnedInput, Rejected, PARSED};
+use crate::chunk::{Ask, Chunk, LayerKeys, OwnedInput, Rejected, PARSED};
 use crate::columns::{from_answer, Converted, OwnedTyped, ResolverHandle};
 use crate::config::{EngineConfig, MAX_AGGREGATES};
 use crate::error::{EtlError, Result};
 use crate::format::RecordDecoder;
-use crate::record::{with_inputs, FieldPlan, Reject};
+use crate::record::{push_typed_key, with_inputs, FieldPlan, Reject};
 use crate::window::hash_key;
 
 /// DuckDB's answers for the values of a chunk it was asked about, by (message, typed column).
@@ -24,6 +24,8 @@ pub(crate) struct ChunkParser {
     n: usize,
     key: Vec<u8>,
     resolver: ResolverHandle,
+    /// A job of several statements: each one's key columns (their places among the typed).
+    layers: Vec<Vec<usize>>,
 }
 
 impl ChunkParser {
@@ -35,6 +37,18 @@ impl ChunkParser {
             n: cfg.aggregates.len().min(MAX_AGGREGATES),
             key: Vec::new(),
             resolver: cfg.resolver.clone(),
+            layers: cfg
+                .layers
+                .iter()
+                .map(|l| {
+                    // By name: two typed columns may read one field.
+                    l.keys
+                        .iter()
+                        .filter_map(|k| l.typed_key(k))
+                        .filter_map(|t| cfg.columns.iter().position(|c| c.name == t.name))
+                        .collect()
+                })
+                .collect(),
         }
     }
 
@@ -46,13 +60,37 @@ impl ChunkParser {
         c.n_inputs = self.n;
         c.n_typed = self.plan.typed().len();
         self.parse_messages(c, &Answers::new());
-        if c.asks.is_empty() {
-            return Ok(());
+        if !c.asks.is_empty() {
+            let answers = self.ask(&c.asks)?;
+            c.unparse();
+            self.parse_messages(c, &answers);
         }
-        let answers = self.ask(&c.asks)?;
-        c.unparse();
-        self.parse_messages(c, &answers);
+        self.layer_keys(c);
         Ok(())
+    }
+
+    /// Each statement's keys of a job of several statements, from the typed columns each
+    /// message parsed to (their keys are typed columns).
+    fn layer_keys(&self, c: &mut Chunk) {
+        if self.layers.is_empty() {
+            return;
+        }
+        c.layers.resize_with(self.layers.len(), LayerKeys::default);
+        let n = c.n_typed;
+        for (out, cols) in c.layers.iter_mut().zip(&self.layers) {
+            for (i, &status) in c.status.iter().enumerate() {
+                let from = out.keys.len();
+                if status == PARSED {
+                    let typed = c.typed.get(i * n..(i + 1) * n).unwrap_or(&[]);
+                    for &j in cols {
+                        let v = typed.get(j).copied().unwrap_or(OwnedTyped::Null);
+                        push_typed_key(v, &c.texts, cols.len(), &mut out.keys);
+                    }
+                }
+                out.ends.push(out.keys.len());
+                out.hashes.push(hash_key(&out.keys[from..]));
+            }
+        }
     }
 
     /// DuckDB's answers for a chunk's values (one call per column type).
@@ -311,7 +349,7 @@ mod tests {
         assert_eq!(c.key(3), b"7");
         assert_eq!(c.hashes[3], hash_key(b"7"));
         let mut inputs = [Input::Skip; MAX_AGGREGATES];
-        c.inputs(0, &mut inputs[..4]);
+        c.inputs_from(0, 0, &mut inputs[..4]);
         assert!(matches!(inputs[1], Input::Num(v) if v == 2.5));
         assert_eq!(c.message(1).payload, b"not json");
         assert_eq!(c.message(4).key, Some(b"kafka-key".as_slice()));

@@ -139,6 +139,28 @@ fn input_class(f: AggFunc) -> u8 {
     }
 }
 
+/// The typed column each aggregate reads the converted value of (a job written as SQL), by its
+/// place among the job's typed columns. A job of several statements: each statement's own
+/// aggregates, after one another, each reading its statement's column (two typed columns may
+/// read one field).
+fn typed_input_columns(cfg: &EngineConfig) -> Vec<Option<usize>> {
+    let of = |l: &EngineConfig, a: &crate::aggregate::AggSpec| {
+        let p = a
+            .path
+            .as_ref()
+            .filter(|_| l.typed_inputs && a.filter.is_none() && a.by.is_none())?;
+        let col = l.columns.iter().find(|c| c.path == *p)?;
+        cfg.columns.iter().position(|c| c.name == col.name)
+    };
+    if cfg.layers.is_empty() {
+        return cfg.aggregates.iter().map(|a| of(cfg, a)).collect();
+    }
+    cfg.layers
+        .iter()
+        .flat_map(|l| l.aggregates.iter().map(move |a| of(l, a)))
+        .collect()
+}
+
 impl FieldPlan {
     pub fn new(cfg: &EngineConfig) -> FieldPlan {
         let mut paths: Vec<FieldPath> = Vec::new();
@@ -167,12 +189,9 @@ impl FieldPlan {
             .collect();
         let mut inputs: Vec<AggInput> = Vec::new();
         let mut typed_inputs = Vec::new();
+        let typed_cols = typed_input_columns(cfg);
         for (k, a) in cfg.aggregates.iter().enumerate() {
-            let typed_col = a
-                .path
-                .as_ref()
-                .filter(|_| cfg.typed_inputs && a.filter.is_none() && a.by.is_none())
-                .and_then(|p| cfg.columns.iter().position(|c| c.path == *p));
+            let typed_col = typed_cols.get(k).copied().flatten();
             if let Some(j) = typed_col {
                 typed_inputs.push((k, j));
                 inputs.push(AggInput {
@@ -644,6 +663,24 @@ pub(crate) fn key_parts(key: &[u8], n: usize) -> impl Iterator<Item = Option<&st
 
 /// A NULL key part: one byte no key's UTF-8 text can be.
 pub(crate) const NULL_KEY: [u8; 1] = [0xFF];
+
+/// Appends a typed value as a part of a key of `parts` parts, in the form [`FieldPlan::key`]
+/// gives a typed key of a job written as SQL (NULL is [`NULL_KEY`]).
+pub(crate) fn push_typed_key(v: OwnedTyped, texts: &[u8], parts: usize, out: &mut Vec<u8>) {
+    let owned;
+    let text: &[u8] = match v {
+        OwnedTyped::Null | OwnedTyped::Pending => &NULL_KEY,
+        OwnedTyped::Text(a, b) => texts.get(a as usize..b as usize).unwrap_or(&[]),
+        other => {
+            owned = other.key_text();
+            owned.as_bytes()
+        }
+    };
+    if parts != 1 {
+        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    }
+    out.extend_from_slice(text);
+}
 
 /// The `key` column of a late event: the key itself for one key column, a JSON array of the
 /// values for several, NULL for none.

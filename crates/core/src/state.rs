@@ -111,6 +111,9 @@ impl ByTable<TableSchema> {
 pub struct Batch {
     pub tables: ByTable<Rows>,
     pub staged: Staged,
+    /// A job of several statements: each statement's windows, late events and staged events
+    /// (the dead letters are the job's, above).
+    pub layers: Vec<Batch>,
 }
 
 /// The events a cycle placed in windows (in `EngineConfig::staged_schema`'s shape), staged so
@@ -146,27 +149,33 @@ impl Batch {
                 rows: Rows::new(Vec::new()),
                 live_from_pane_ms: None,
             },
+            layers: Vec::new(),
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.tables.iter().all(|r| r.is_empty()) && self.staged.rows.is_empty()
+        self.tables.iter().all(|r| r.is_empty())
+            && self.staged.rows.is_empty()
+            && self.layers.iter().all(Batch::is_empty)
     }
 
     pub fn clear(&mut self) {
         self.tables.as_mut().map(Rows::clear);
         self.staged.rows.clear();
         self.staged.live_from_pane_ms = None;
+        self.layers.iter_mut().for_each(Batch::clear);
     }
 
     pub fn rows(&self) -> usize {
-        self.tables.iter().map(|r| r.len()).sum()
+        self.tables.iter().map(|r| r.len()).sum::<usize>()
+            + self.layers.iter().map(Batch::rows).sum::<usize>()
     }
 
     /// Reports a row written with the wrong shape (a bug).
     pub fn check(&self) -> Result<(), String> {
         self.tables.iter().try_for_each(Rows::check)?;
-        self.staged.rows.check()
+        self.staged.rows.check()?;
+        self.layers.iter().try_for_each(Batch::check)
     }
 
     /// The stored form: the three tables' schemas and rows, so a batch can be applied again

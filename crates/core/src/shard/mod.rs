@@ -65,7 +65,7 @@ pub(crate) enum Windows {
 const STATE_FORMAT: u8 = 2;
 
 impl Windows {
-    fn new(cfg: &EngineConfig, floor_ms: i64) -> Windows {
+    pub(crate) fn new(cfg: &EngineConfig, floor_ms: i64) -> Windows {
         let size = cfg.time.window_ms;
         let mut shape = Shape::new(cfg.keys.len(), &cfg.aggregates, cfg.revisions());
         shape.corrections = cfg.marks_corrections();
@@ -190,10 +190,21 @@ pub(crate) struct ShardOutput {
     pub late_events: u64,
 }
 
+/// Which statement of a job of several a shard's windows are (its keys and inputs are its own
+/// part of each chunk), and the typed columns the chunks carry.
+pub(crate) struct LayerOf<'a> {
+    pub index: Option<usize>,
+    pub inputs_from: usize,
+    pub columns: &'a [crate::columns::TypedColumn],
+}
+
 /// A window shard (see the module's documentation).
 pub(crate) struct Shard {
     cfg: Arc<EngineConfig>,
     topic: Arc<str>,
+    /// A statement of a job of several: its place (None: the job's own keys and inputs).
+    layer: Option<usize>,
+    inputs_from: usize,
     pub(crate) windows: Windows,
     /// The watermark this shard's windows are closed through.
     closed_ms: i64,
@@ -214,9 +225,12 @@ impl Shard {
         windows: Windows,
         floor_ms: i64,
         now_ms: i64,
+        layer: &LayerOf<'_>,
     ) -> Shard {
         Shard {
             topic,
+            layer: layer.index,
+            inputs_from: layer.inputs_from,
             windows,
             closed_ms: floor_ms,
             now_ms,
@@ -230,8 +244,10 @@ impl Shard {
             flushed_to: None,
             late_key: String::new(),
             staged_values: cfg.stages().then(|| {
-                let values: Vec<usize> = (0..cfg.columns.len())
-                    .filter(|&j| !cfg.keys.iter().any(|k| k.path == cfg.columns[j].path))
+                // Places among the typed columns the chunks carry.
+                let values: Vec<usize> = cfg
+                    .staged_values()
+                    .filter_map(|c| layer.columns.iter().position(|u| u.name == c.name))
                     .collect();
                 values.into()
             }),
@@ -313,15 +329,16 @@ impl Shard {
         self.close_through(watermark);
         let chunk = &lent.chunk;
         let t = chunk.time[i];
-        let key = chunk.key(i);
+        let key = chunk.key_in(self.layer, i);
         let aggs = &self.cfg.aggregates;
         let windows = &mut self.windows;
+        let (layer, from) = (self.layer, self.inputs_from);
         let (late, applied) = with_inputs(aggs.len(), |inputs: &mut [Input<'_>]| {
-            chunk.inputs(i, inputs);
+            chunk.inputs_from(i, from, inputs);
             match windows {
                 Windows::Panes(p) => match p.late_window(t, watermark) {
                     Ok(()) => {
-                        p.add_hashed(t, key, chunk.hashes[i], inputs, aggs);
+                        p.add_hashed(t, key, chunk.hash_in(layer, i), inputs, aggs);
                         (Ok(()), false)
                     }
                     Err(w) => (Err(w), p.add_late(t, key, inputs, aggs, watermark)),
@@ -377,7 +394,7 @@ impl Shard {
         };
         let cfg = &self.cfg;
         let mut row = self.out.staged.row();
-        for part in key_parts(chunk.key(i), cfg.keys.len()) {
+        for part in key_parts(chunk.key_in(self.layer, i), cfg.keys.len()) {
             row.opt_str(part);
         }
         match cfg.window {
