@@ -217,6 +217,21 @@ pub(crate) fn keep_in_files(conn: &Connection, catalog: &str, tables: &[String])
         })
 }
 
+/// Creates the tables of `tables` that are missing, without keys (a lake has none), retrying a
+/// conflict with another member creating them at once (the one that retries finds them).
+pub fn ensure_tables(conn: &Connection, tables: &[(String, TableSchema)]) -> Result<()> {
+    for (table, schema) in tables {
+        with_retry(table, || {
+            ensure_table(conn, table, &schema.without_key(), false)
+                .inspect_err(|_| {
+                    let _ = conn.execute_batch("ROLLBACK");
+                })
+                .map(drop)
+        })?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,19 +319,4 @@ mod tests {
             "{err}"
         );
     }
-}
-
-/// Creates the tables of `tables` that are missing, without keys (a lake has none), retrying a
-/// conflict with another member creating them at once (the one that retries finds them).
-pub fn ensure_tables(conn: &Connection, tables: &[(String, TableSchema)]) -> Result<()> {
-    for (table, schema) in tables {
-        with_retry(table, || {
-            ensure_table(conn, table, &schema.without_key(), false)
-                .inspect_err(|_| {
-                    let _ = conn.execute_batch("ROLLBACK");
-                })
-                .map(drop)
-        })?;
-    }
-    Ok(())
 }
