@@ -178,6 +178,7 @@ bench: release tools configure $(NEXMARK)
 	$(PY) scripts/bench_emit.py
 	$(PY) scripts/bench_sql_aggregates.py
 	$(PY) scripts/bench_sql_jobs.py
+	$(PY) scripts/bench_sql_sets.py
 	$(LTS_PY) scripts/group_scale.py --only commits
 	$(LTS_PY) scripts/group_scale.py --only cpu --cpu-events 1200000
 	$(LTS_PY) scripts/group_scale.py --only threads

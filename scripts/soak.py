@@ -389,7 +389,7 @@ def write_docs(results):
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         rows.append(f"| {r['variant']} | {r['minutes']} | {r['rate']:,} | {r['sent']:,} | {r['kills']} | {r['fault']} | "
-                    f"{r['wal_peak_mb']} ({r['wal_peak_first_run_mb']} / {r['wal_peak_later_runs_mb']}) | {r['tmp_peak_mb']} | "
+                    f"{r['wal_peak_mb']} ({r['wal_peak_first_run_mb']} / {r['wal_peak_later_runs_mb'] if r['wal_peak_later_runs_mb'] is not None else '-'}) | {r['tmp_peak_mb']} | "
                     f"{r['rss_growth_after_first_minute_mb']} | {'yes' if r['exact'] else 'NO'} | {r['wal_after_exit_mb']} |")
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     from docs_section import write_section

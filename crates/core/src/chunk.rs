@@ -311,13 +311,11 @@ impl Chunk {
     /// Message `i`'s key in a statement's layer (None: the job's own key).
     #[inline]
     pub(crate) fn key_in(&self, layer: Option<usize>, i: usize) -> &[u8] {
-        match layer.and_then(|l| self.layers.get(l)) {
-            Some(k) => {
-                let a = if i == 0 { 0 } else { k.ends[i - 1] };
-                &k.keys[a..k.ends[i]]
-            }
-            None => self.key(i),
-        }
+        let Some(k) = layer.and_then(|l| self.layers.get(l)) else {
+            return self.key(i);
+        };
+        let a = if i == 0 { 0 } else { k.ends[i - 1] };
+        &k.keys[a..k.ends[i]]
     }
 
     /// The hash of message `i`'s key in a statement's layer (None: the job's own).

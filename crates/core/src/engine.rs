@@ -88,8 +88,7 @@ pub struct Engine {
     /// The wall clock the shards were last told.
     shards_now_ms: i64,
     pool: Arc<Pool>,
-    /// The job's statements' windows (a job of one: its own), each in `per_layer` shards of
-    /// `shards`, one layer after another.
+    /// Each statement's windows (a job of one: its own), `per_layer` shards each, in order.
     layers: Vec<Layer>,
     per_layer: usize,
     shards: Vec<Actor<Shard, ShardWork>>,
@@ -102,11 +101,11 @@ pub struct Engine {
     windows_waiting: bool,
     /// A worker thread failed (the run fails at the end of its cycle).
     failed: Option<String>,
-    /// Events staged since the output was last taken, by the layers that stage events (each
-    /// is staged, unless it is late: they bound a cycle's memory as side rows do).
+    /// Events merged since the output was last taken, of a job that stages them (they bound a
+    /// cycle's memory as side rows do); once per event however many statements stage it, so a
+    /// set's cycles are as long as one statement's (each cycle costs DuckDB's fixed work).
     staged_since_take: usize,
-    /// Layers that stage events.
-    staging: usize,
+    staging: bool,
 }
 
 impl Engine {
@@ -159,7 +158,7 @@ impl Engine {
                 shards.push(Actor::new(shard, Shard::apply));
             }
         }
-        let staging = layers.iter().filter(|l| l.cfg.stages()).count();
+        let staging = layers.iter().any(|l| l.cfg.stages());
         let partitions = &restored.partitions;
         let mut engine = Engine {
             plan: FieldPlan::new(&cfg),
@@ -427,21 +426,28 @@ impl Engine {
         let slot = self.slot(idx, lent);
         let n = self.per_layer;
         let wm = self.marks.global_ms();
-        for (at, l) in self.layers.iter().enumerate() {
-            let shard = if n == 1 {
-                0
-            } else {
-                shard_of(chunk.hash_in(l.index, i), n)
-            };
-            self.epoch.ops[at * n + shard].push(Op::Event {
-                chunk: slot,
-                at: i as u32,
-                watermark: l.watermark(wm),
-            });
+        let event = |watermark| Op::Event {
+            chunk: slot,
+            at: i as u32,
+            watermark,
+        };
+        if n == 1 && self.layers.len() == 1 {
+            self.epoch.ops[0].push(event(wm));
+        } else {
+            for (at, l) in self.layers.iter().enumerate() {
+                let shard = if n == 1 {
+                    0
+                } else {
+                    shard_of(chunk.hash_in(l.index, i), n)
+                };
+                self.epoch.ops[at * n + shard].push(event(l.watermark(wm)));
+            }
         }
         self.marks.observe(idx, t);
         self.epoch.events += 1;
-        self.staged_since_take += self.staging;
+        if self.staging {
+            self.staged_since_take += 1;
+        }
         if self.epoch.events >= EPOCH_EVENTS {
             self.dispatch();
         }
