@@ -51,6 +51,18 @@ def kill_once(args, rng, delay_s, env=None, kill=True):
     return p.returncode == -signal.SIGKILL, out
 
 
+def kill_until_caught_up(args, rng, delay_s, tries=40):
+    """Runs the job of `args` again and again, each run SIGKILLed at a random instant up to
+    `delay_s` after it loads, until a run reads to the end unkilled; returns the kills."""
+    kills = 0
+    for _ in range(tries):
+        killed, out = kill_once(args, rng, delay_s)
+        kills += killed
+        if not killed and b"caught_up" in out:
+            break
+    return kills
+
+
 def cli_binary():
     try:
         import duckdb_cli

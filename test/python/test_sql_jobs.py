@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from conftest import connect, kill_once
+from conftest import connect, kill_until_caught_up
 from test_emit import named_sql
 
 W, LATENESS = 1000, 150
@@ -224,13 +224,7 @@ FROM stream AS o JOIN customers AS c ON c.id = o.customer WHERE o.status = 'paid
     cols = "{" + ", ".join(f"'{k}': '{v}'" for k, v in COLUMNS.items()) + "}"
     args = [db, topic, "sql", sql, "time_field='ts'", f"columns={cols}", "max_messages=1500"]
     kr = random.Random(52)
-    kills = 0
-    for _ in range(40):
-        killed, out = kill_once(args, kr, 0.4)
-        kills += killed
-        if not killed and b"caught_up" in out:
-            break
-    assert kills > 0
+    assert kill_until_caught_up(args, kr, 0.4) > 0
     con = connect(db)
     load_events(con, "all_events", [(0, p, o, e) for p, o, e in offsets])
     want = con.execute("SELECT o.order_id, o.partition, o.\"offset\", o.amount, c.area FROM all_events o "

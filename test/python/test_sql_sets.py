@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from conftest import connect, kill_once
+from conftest import connect, kill_once, kill_until_caught_up
 from test_sql_jobs import COLUMNS, CUSTOMERS, ENRICH, LATENESS, events, load_events, run_sql, write_parts
 
 TWO_SECONDS = """INSERT INTO by_sku SELECT sku, window_start, count(*) AS n, sum(amount) AS revenue
@@ -85,13 +85,7 @@ def test_a_set_lands_every_target_exactly_once_under_sigkill(tmp_path):
     args = [db, topic, "sql", sql, "time_field='ts'", f"columns={cols}", f"lateness_ms={LATENESS}",
             "max_messages=1200", "checkpoint_interval_ms=50"]
     kr = random.Random(62)
-    kills = 0
-    for _ in range(40):
-        killed, out = kill_once(args, kr, 0.5)
-        kills += killed
-        if not killed and b"caught_up" in out:
-            break
-    assert kills > 0
+    assert kill_until_caught_up(args, kr, 0.5) > 0
     _, out = kill_once([*args, "flush=true"], kr, 0, kill=False)
     assert b"caught_up" in out
     con = connect(db)

@@ -199,7 +199,6 @@ mod tests {
         use crate::state::Batch;
         use crate::watermark::{PartitionClock, NO_WATERMARK};
         use std::sync::Arc;
-        use std::time::{Duration, Instant};
 
         fn p(s: &str) -> FieldPath {
             FieldPath::parse(s).expect("a path")
@@ -269,19 +268,6 @@ mod tests {
                 .collect()
         }
 
-        fn limits(max: u64) -> CycleLimits {
-            CycleLimits {
-                remaining_messages: max,
-                max_cycle_messages: u64::MAX,
-                cycle_deadline: Instant::now() + Duration::from_secs(3600),
-                run_deadline: None,
-                max_pending_rows: usize::MAX,
-                follow: false,
-                rolling: false,
-                quiet_flush_ms: None,
-            }
-        }
-
         type Out = Vec<(
             Vec<Vec<OwnedCell>>,
             Vec<Vec<OwnedCell>>,
@@ -317,9 +303,9 @@ mod tests {
                     let starts: Vec<i64> = eng.progress().iter().map(|p| p.next_offset).collect();
                     let mut src = MemorySource::new(all.clone(), &starts);
                     let mut state = ReadState::new(3);
+                    let limits = CycleLimits::for_tests(stop_every);
                     let stop =
-                        read_cycle(&mut eng, &mut src, &mut state, &limits(stop_every), &|| 0)
-                            .expect("reads");
+                        read_cycle(&mut eng, &mut src, &mut state, &limits, &|| 0).expect("reads");
                     if stop == Stop::CaughtUp {
                         eng.flush().expect("flushes");
                     }

@@ -49,6 +49,21 @@ pub struct CycleLimits {
 }
 
 impl CycleLimits {
+    /// A bounded run of at most `max` messages, in one cycle (tests).
+    #[cfg(test)]
+    pub(crate) fn for_tests(max: u64) -> CycleLimits {
+        CycleLimits {
+            remaining_messages: max,
+            max_cycle_messages: u64::MAX,
+            cycle_deadline: Instant::now() + Duration::from_secs(3600),
+            run_deadline: None,
+            max_pending_rows: usize::MAX,
+            follow: false,
+            rolling: false,
+            quiet_flush_ms: None,
+        }
+    }
+
     /// The stop a clock reading of `now` calls for: the run's deadline first, then the cycle's.
     fn deadline_passed(&self, now: Instant) -> Option<Stop> {
         if self.run_deadline.is_some_and(|d| now >= d) {
@@ -366,16 +381,7 @@ mod tests {
     }
 
     fn limits(max: u64) -> CycleLimits {
-        CycleLimits {
-            remaining_messages: max,
-            max_cycle_messages: u64::MAX,
-            cycle_deadline: Instant::now() + Duration::from_secs(3600),
-            run_deadline: None,
-            max_pending_rows: usize::MAX,
-            follow: false,
-            rolling: false,
-            quiet_flush_ms: None,
-        }
+        CycleLimits::for_tests(max)
     }
 
     /// (window start, key, count, sum) of every window emitted.
