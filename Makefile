@@ -172,9 +172,11 @@ reliability: release fault tools configure $(CARGO_FUZZ) $(TANSU)
 # docs/benchmarks.md (its section 'latest run').
 bench: release tools configure $(NEXMARK)
 	$(CARGO) build --release -p streaming_etl_core --example engine_bench --example format_bench
+	$(CARGO) build --release --manifest-path bench/json_libs/Cargo.toml --target-dir target
 	$(PY) scripts/bench.py
 	$(PY) scripts/bench_threads.py
 	$(PY) scripts/bench_formats.py
+	$(PY) scripts/bench_json_libs.py
 	$(PY) scripts/bench_emit.py
 	$(PY) scripts/bench_sql_aggregates.py
 	$(PY) scripts/bench_sql_jobs.py

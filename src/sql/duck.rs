@@ -6,12 +6,14 @@
 //! dropped again before the connection goes back to the pool.
 
 use std::collections::HashSet;
+use std::sync::OnceLock;
 
 use duckdb::types::Value as DuckValue;
 use duckdb::Connection;
 use serde_json::Value;
 
 use super::ast;
+use super::builtins;
 use crate::params::quote_ident;
 
 /// DuckDB's message of a failed statement of the extension's own (its first lines: not the
@@ -49,7 +51,7 @@ pub fn print(conn: &Connection, answer: &str, node: &Value) -> Result<String, St
 }
 
 /// The names of DuckDB's aggregate functions (lowercase), loaded extensions' included.
-pub fn aggregate_names(conn: &Connection) -> Result<HashSet<String>, String> {
+fn aggregate_names(conn: &Connection) -> Result<HashSet<String>, String> {
     let mut stmt = conn
         .prepare("SELECT DISTINCT lower(function_name) FROM duckdb_functions() WHERE function_type = 'aggregate'")
         .map_err(|e| message(&e))?;
@@ -59,6 +61,58 @@ pub fn aggregate_names(conn: &Connection) -> Result<HashSet<String>, String> {
         .collect::<duckdb::Result<HashSet<String>>>()
         .map_err(|e| message(&e))?;
     Ok(names)
+}
+
+fn builtin(
+    names: &'static str,
+    cell: &'static OnceLock<HashSet<&'static str>>,
+) -> &'static HashSet<&'static str> {
+    cell.get_or_init(|| names.split_whitespace().collect())
+}
+
+/// The aggregates among the functions a job's statements call (`called`, lowercase): DuckDB's
+/// own are known (`builtins.rs`); only a name it does not know (a loaded extension's, a user's)
+/// costs a scan of `duckdb_functions()` (tens of milliseconds).
+pub fn aggregates_among(
+    conn: &Connection,
+    called: &HashSet<String>,
+) -> Result<HashSet<String>, String> {
+    static AGG: OnceLock<HashSet<&'static str>> = OnceLock::new();
+    static OTHER: OnceLock<HashSet<&'static str>> = OnceLock::new();
+    let (agg, other) = (
+        builtin(builtins::AGGREGATES, &AGG),
+        builtin(builtins::NOT_AGGREGATES, &OTHER),
+    );
+    let known = |n: &str| {
+        agg.contains(n) || other.contains(n) || WINDOW_MACROS.iter().any(|(w, _)| *w == n)
+    };
+    if called.iter().all(|n| known(n)) {
+        return Ok(called
+            .iter()
+            .filter(|n| agg.contains(n.as_str()))
+            .cloned()
+            .collect());
+    }
+    let all = aggregate_names(conn)?;
+    Ok(called
+        .iter()
+        .filter(|n| all.contains(n.as_str()))
+        .cloned()
+        .collect())
+}
+
+/// The functions a parse tree calls, by name (lowercase).
+pub fn called_functions(node: &Value, into: &mut HashSet<String>) {
+    let found = std::cell::RefCell::new(std::mem::take(into));
+    ast::any(node, &|m| {
+        if m.get("class").and_then(Value::as_str) == Some("FUNCTION") {
+            if let Some(f) = m.get("function_name").and_then(Value::as_str) {
+                found.borrow_mut().insert(f.to_ascii_lowercase());
+            }
+        }
+        false
+    });
+    *into = found.into_inner();
 }
 
 /// The value of an expression node of the query `answer` (an interval or a number of

@@ -1,11 +1,12 @@
 //! Jobs written as SQL (SPEC section 21): the front end that reads a job's statements and plans
 //! them. Pure parts: `text.rs` (statements and their `INSERT INTO` heads), `ast.rs` (DuckDB's
 //! parse tree as JSON), `shape.rs` (what a statement says, and what a job cannot run). DuckDB at
-//! bind time: `duck.rs` (its parser, printer and binder). `plan.rs` splits each statement between
+//! bind time: `duck.rs` (its parser, printer and binder; `builtins.rs`, its own function names). `plan.rs` splits each statement between
 //! the engine (`on_engine.rs`: its keys, and the fast path's aggregates) and DuckDB
 //! (`on_duckdb.rs`: the SQL of each cycle), which the sink runs (`sink::sql_cycle`).
 
 mod ast;
+mod builtins;
 mod duck;
 mod on_duckdb;
 mod on_engine;

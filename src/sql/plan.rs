@@ -146,13 +146,20 @@ pub fn plan(conn: &Connection, given: &Given<'_>, cfg: &mut EngineConfig) -> Res
             ));
         }
     }
-    let aggregates = duck::aggregate_names(conn).map_err(EtlError::Duck)?;
+    // Parsed first: which of the functions they call are aggregates is asked once for all.
+    let parsed: Vec<std::result::Result<(String, Value), String>> =
+        texts.iter().map(|t| duck::parse(conn, &t.query)).collect();
+    let mut called = HashSet::new();
+    for (_, node) in parsed.iter().flatten() {
+        duck::called_functions(node, &mut called);
+    }
+    let aggregates = duck::aggregates_among(conn, &called).map_err(EtlError::Duck)?;
     let is_aggregate = |f: &str| aggregates.contains(&f.to_ascii_lowercase());
     let mut out: Vec<SqlStatement> = Vec::new();
     let mut layers = Vec::new();
-    for t in &texts {
+    for (t, parsed) in texts.iter().zip(&parsed) {
         let mut layer = cfg.clone();
-        let s = plan_statement(conn, given, &mut layer, t, &is_aggregate)?;
+        let s = plan_statement(conn, given, &mut layer, t, parsed, &is_aggregate)?;
         if let Some(first) = out.iter().find(|o| o.target.same_as(&s.target)) {
             let also = if first.target_shown == s.target_shown {
                 String::new()
@@ -288,6 +295,7 @@ fn plan_statement(
     given: &Given<'_>,
     cfg: &mut EngineConfig,
     t: &StatementText,
+    parsed: &std::result::Result<(String, Value), String>,
     is_aggregate: &dyn Fn(&str) -> bool,
 ) -> Result<SqlStatement> {
     let target_shown = t.target.clone().unwrap_or_else(|| {
@@ -305,7 +313,7 @@ fn plan_statement(
             .ok_or_else(|| fail(format!("INSERT INTO {name}: not a table name")))?,
         None => given.windows_table.clone(),
     };
-    let (answer, node) = duck::parse(conn, &t.query).map_err(&fail)?;
+    let (answer, node) = parsed.clone().map_err(&fail)?;
     let all_columns = stream_columns(cfg);
     let names: Vec<String> = all_columns.iter().map(|(n, _)| n.clone()).collect();
     let sh = shape(&node, &names, is_aggregate).map_err(|r| fail(r.0))?;

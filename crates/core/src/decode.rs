@@ -820,7 +820,7 @@ pub(crate) fn json_string(s: &str, out: &mut String) {
 
 /// Parses a JSON integer literal; `None` when it does not fit in an i64.
 #[inline]
-pub(crate) fn parse_i64(text: &[u8]) -> Option<i64> {
+pub fn parse_i64(text: &[u8]) -> Option<i64> {
     let (neg, digits) = match text.split_first() {
         Some((b'-', rest)) => (true, rest),
         _ => (false, text),
@@ -904,7 +904,7 @@ pub(crate) fn json_number(s: &[u8]) -> bool {
 /// Parses a validated JSON number. Short decimals (at most 15 digits, no exponent) take the
 /// exact fast path: an integer below 2^53 divided by an exact power of ten is correctly rounded.
 #[inline]
-pub(crate) fn parse_f64(text: &[u8]) -> Option<f64> {
+pub fn parse_f64(text: &[u8]) -> Option<f64> {
     let (neg, body) = match text.split_first() {
         Some((b'-', rest)) => (true, rest),
         _ => (false, text),

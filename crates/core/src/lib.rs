@@ -48,7 +48,7 @@ pub use config::{
     Emit, EngineConfig, Fate, JobSettings, KeyColumn, TimeSpec, WindowKind, CORRECTION_COLUMN,
     DEFAULT_KEY_FIELD, FATE_COLUMN, MAX_AGGREGATES,
 };
-pub use decode::{DecodeError, Decoder, Field, FieldPath, Fields, Kind};
+pub use decode::{parse_f64, parse_i64, DecodeError, Decoder, Field, FieldPath, Fields, Kind};
 pub use engine::{Counters, Engine, PartitionProgress, Restored};
 pub use error::{EtlError, Result};
 pub use format::{Format, RecordDecoder, RegisteredSchema, SchemaCache, SchemaType, Schemas};
