@@ -12,7 +12,7 @@
   prepared before it runs, so that DuckDB checkpoints what it writes as it goes (a plain first
   run keeps its tables' new rows in memory until it ends: docs/semantics.md).
 
-Fresh processes, alternating, the best of two each. Prints a table and writes it into
+Fresh processes, alternating, the best of five each (and the median run's ratios). Prints a table and writes it into
 docs/benchmarks.md (section 'sql jobs') unless --quick.
 
 usage: bench_sql_jobs.py [--quick]
@@ -136,13 +136,17 @@ def measured(name, kind, topic, text="", columns=""):
 
 
 def best(runs, rounds=2):
-    """Each (name, kind, topic, text, columns) run `rounds` times, alternating; the fastest."""
-    out = {}
+    """Each (name, kind, topic, text, columns) run `rounds` times, alternating; the fastest, with
+    every run's wall time (`walls`)."""
+    out, walls = {}, {}
     for _ in range(rounds):
         for name, *args in runs:
             r = measured(name, *args)
+            walls.setdefault(name, []).append(r["wall_s"])
             if name not in out or r["wall_s"] < out[name]["wall_s"]:
                 out[name] = r
+    for name, w in walls.items():
+        out[name]["walls"] = sorted(w)
     return out
 
 
@@ -159,7 +163,7 @@ def main():
                  ("same job as SQL", "sql", topic, SAME, SAME_COLUMNS),
                  ("enrichment", "sql", topic, ENRICH, ORDER_COLUMNS),
                  ("transform", "sql", topic, TRANSFORM, ORDER_COLUMNS),
-                 ("DuckDB batch CTAS", "batch", topic, BATCH.format(files=files))])
+                 ("DuckDB batch CTAS", "batch", topic, BATCH.format(files=files))], rounds=2 if quick else 5)
     base = runs["parameter job"]
     rate = lambda r: n / r["wall_s"]  # noqa: E731
     rows = []
@@ -170,6 +174,11 @@ def main():
         rows.append({"job": name, "events_per_sec": round(rate(r)), "vs": vs, "ratio": ratio, "cpu_s": round(r["cpu_s"], 2),
                      "rows": r["rows"], "peak_rss_mb": round(r["peak_rss_mb"])})
         print(json.dumps(rows[-1]), flush=True)
+    median = lambda r: r["walls"][len(r["walls"]) // 2]  # noqa: E731
+    medians = {name: round(median(runs[vs]) / median(runs[name]), 2)
+               for name, vs in (("same job as SQL", "parameter job"), ("enrichment", "parameter job"),
+                                ("transform", "DuckDB batch CTAS"))}
+    print(json.dumps({"median_ratios": medians}), flush=True)
     same_rows = runs["same job as SQL"]["checksum"] == base["checksum"]
     print(json.dumps({"same_rows_as_the_parameter_job": same_rows}), flush=True)
     memory = []
@@ -184,7 +193,10 @@ def main():
     for r in rows:
         lines.append(f"| {r['job']} | {r['events_per_sec']:,} | {r['vs'] or '-'} | {r['ratio'] or '-'} | {r['cpu_s']} | "
                      f"{r['rows']:,} | {r['peak_rss_mb']} |")
-    lines += ["", f"The same job as SQL writes the parameter job's rows: {'yes' if same_rows else 'NO'}.", "",
+    rounds = len(base["walls"])
+    lines += ["", f"Ratios of the median run of {rounds} (events/s): "
+              + ", ".join(f"{k} {v}" for k, v in medians.items()) + ".",
+              "", f"The same job as SQL writes the parameter job's rows: {'yes' if same_rows else 'NO'}.", "",
               "| enrichment job (PREPARE, EXECUTE) over | wall s | peak RSS MB | staged rows at most |", "|---|---|---|---|"]
     for m in memory:
         lines.append(f"| {m['events']:,} events | {m['wall_s']} | {m['peak_rss_mb']} | {m['staged_at_most']:,} |")
