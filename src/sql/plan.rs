@@ -290,6 +290,18 @@ fn shorten(text: &str) -> String {
     }
 }
 
+/// A statement DuckDB computes: the engine stages every event it reads (its aggregates only a
+/// placeholder), and the cycle's events are typed as `__se_events` for the statement's SQL.
+fn stage_every_event(cfg: &mut EngineConfig, typing: &Typing<'_>) -> Result<()> {
+    cfg.aggregates = vec![placeholder()];
+    cfg.stage_all = true;
+    let typed: Vec<(String, String)> = events_columns(cfg)
+        .into_iter()
+        .map(|(n, t, _)| (n, t))
+        .collect();
+    typing.table("__se_events", &typed).map_err(EtlError::Duck)
+}
+
 fn plan_statement(
     conn: &Connection,
     given: &Given<'_>,
@@ -363,18 +375,7 @@ fn plan_statement(
         cfg.time.window_ms = TRANSFORM_WINDOW_MS;
         cfg.keys = Vec::new();
         cfg.default_key = false;
-        cfg.aggregates = vec![placeholder()];
-        cfg.stage_all = true;
-        let events = events_columns(cfg);
-        typing
-            .table(
-                "__se_events",
-                &events
-                    .iter()
-                    .map(|(n, t, _)| (n.clone(), t.clone()))
-                    .collect::<Vec<_>>(),
-            )
-            .map_err(EtlError::Duck)?;
+        stage_every_event(cfg, &typing)?;
         let mut node = replace_stream(&node, &sh, conn)?;
         if given.subscribe
             && !columns
@@ -532,18 +533,7 @@ fn plan_statement(
         }
     }
     cfg.columns = used;
-    cfg.aggregates = vec![placeholder()];
-    cfg.stage_all = true;
-    let events = events_columns(cfg);
-    typing
-        .table(
-            "__se_events",
-            &events
-                .iter()
-                .map(|(n, t, _)| (n.clone(), t.clone()))
-                .collect::<Vec<_>>(),
-        )
-        .map_err(EtlError::Duck)?;
+    stage_every_event(cfg, &typing)?;
     let staged_names: Vec<String> = cfg
         .staged_schema()
         .columns
