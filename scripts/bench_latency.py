@@ -7,8 +7,9 @@ What is measured, per source:
   to), with event time = the wall clock when the event is sent.
 - The job runs in a child process (Python + DuckDB + the extension, nothing else):
   `streaming_etl_run(topic, 1000, 200, follow := true)` at the default checkpoint cycle, in a
-  thread, while a watcher thread on another cursor polls the `windows` table every 10 ms and
-  notes when each (window, key) row first became visible.
+  thread (or, in the background rows, with `background := true`: on the extension's own thread),
+  while a watcher thread on another cursor polls the `windows` table every 10 ms and notes when
+  each (window, key) row first became visible.
 - Latency of a row = first seen - (window_end_ms + lateness_ms), i.e. how long after the
   watermark could first pass the window's end (given event time = wall clock) its row was
   committed. The poll's start time counts as "first seen" (the row was committed before that
@@ -98,6 +99,9 @@ def child(cfg):
     con = duckdb.connect(cfg["db"], config={"allow_unsigned_extensions": "true"})
     con.execute(f"LOAD '{EXT}'")
     named = "".join(f", {k} := {v}" for k, v in cfg["named"].items())
+    background = cfg.get("background", False)
+    if background:
+        named += ", background := true, job := 'latency'"
     sql = f"SELECT * FROM streaming_etl_run('{cfg['topic']}', {WINDOW}, {LATENESS}, follow := true{named})"
     run_cur, result = con.cursor(), {}
 
@@ -110,7 +114,13 @@ def child(cfg):
             result["error"] = f"{type(e).__name__}: {e}"
 
     runner = threading.Thread(target=go, daemon=True)
-    runner.start()
+    if background:
+        go()  # returns at once; the job runs on the extension's own thread and connection
+        done = threading.Event()
+        runner = threading.Thread(target=done.wait, daemon=True)
+        runner.start()
+    else:
+        runner.start()
     watcher = Watcher(con.cursor())
     probe = con.cursor()
     deadline = time.time() + 30
@@ -137,7 +147,11 @@ def child(cfg):
     c2, t2 = cpu_s(), time.perf_counter()  # idle: the job alone
     time.sleep(cfg["idle_seconds"])
     c3, t3 = cpu_s(), time.perf_counter()
-    run_cur.interrupt()
+    if background:
+        probe.execute("SELECT * FROM streaming_etl_stop('latency')").fetchall()
+        done.set()
+    else:
+        run_cur.interrupt()
     runner.join(30)
 
     first_full = -(-int(start_ms) // WINDOW) * WINDOW  # the first window the producer filled
@@ -220,7 +234,7 @@ def percentile(values, q):
     return v[min(len(v) - 1, max(0, int(round(q / 100 * len(v))) - 1))] if v else None
 
 
-def one_source(source, seconds, idle_seconds, rate=RATE):
+def one_source(source, seconds, idle_seconds, rate=RATE, background=False):
     d = tempfile.mkdtemp(prefix="setl-latency-")
     os.makedirs(os.path.join(d, "in"))
     for i in range(PARTITIONS):
@@ -228,7 +242,8 @@ def one_source(source, seconds, idle_seconds, rate=RATE):
     topic, named, send, close = (kafka_sink if source == "kafka" else file_sink)(d)
     t_wall = time.perf_counter()
     try:
-        cfg = {"db": os.path.join(d, "db.duckdb"), "topic": topic, "named": named, "idle_seconds": idle_seconds}
+        cfg = {"db": os.path.join(d, "db.duckdb"), "topic": topic, "named": named, "idle_seconds": idle_seconds,
+               "background": background}
         p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         line = p.stdout.readline().strip()
@@ -247,7 +262,8 @@ def one_source(source, seconds, idle_seconds, rate=RATE):
     lat = m["latencies_ms"]
     r = {
         "scenario": f"latency, follow, {rate:,} events/s, window {WINDOW} ms, lateness {LATENESS} ms",
-        "source": "kafka (mock cluster)" if source == "kafka" else "files (4 appended NDJSON files)",
+        "source": ("kafka (mock cluster)" if source == "kafka" else "files (4 appended NDJSON files)")
+        + (", background" if background else ""),
         "events": events,
         "rate_per_sec": round(events / took),
         "p50_latency_ms": round(percentile(lat, 50)) if lat else None,
@@ -270,8 +286,9 @@ def one_source(source, seconds, idle_seconds, rate=RATE):
 
 
 def latency_jobs(seconds: int = 30, idle_seconds: int = 10) -> list[dict]:
-    """One row per source: Kafka (mock broker), then files."""
-    return [one_source(s, seconds, idle_seconds) for s in ("kafka", "files")]
+    """One row per source and mode: Kafka (mock broker), then files; in the foreground (the call
+    runs in a statement of the child's) and in the background (`background := true`)."""
+    return [one_source(s, seconds, idle_seconds, background=bg) for bg in (False, True) for s in ("kafka", "files")]
 
 
 def markdown(rows) -> str:

@@ -7,11 +7,16 @@ of events 2-5 s late) into 4 files (`--variant files`), a Kafka topic of 4 parti
 librdkafka's mock cluster (`kafka`), or files again with the output in a DuckLake whose catalog is
 in PostgreSQL (`lake`, DuckDB 1.4.4). The job is the README's continuous job, `streaming_etl_run(...,
 follow := true, write_mode := 'append')`, started on a new database by a plain statement (as a
-user types it; `--prepared`: `PREPARE` then `EXECUTE`). Faults: the job is killed with SIGKILL and
+user types it; `--prepared`: `PREPARE` then `EXECUTE`). Other variants: `fg-upsert` (the same in
+`upsert` mode with `emit := 'update'` and `late_updates_ms`, prepared, in the foreground) and, in
+the background (`background := true`, run by scripts/serve.py, the service runner), `bg-append`,
+`bg-upsert` (as `fg-upsert`), `bg-sql` (a staged SQL job: a lookup join and `median`) and
+`bg-every` (bounded runs `every := INTERVAL '30 seconds'`). Faults: the job is killed with SIGKILL and
 started again every SOAK_KILL_EVERY seconds (default 180); halfway, the broker (`kafka`: its one
 broker goes down for 10 s) or the catalog (`lake`: PostgreSQL killed and started again) is
 restarted. The job's process samples every 10 s: its RSS, the database's WAL, DuckDB's temp files
-(`<db>.tmp`) and `duckdb_memory()`.
+(`<db>.tmp`) and `duckdb_memory()` (the background variants' service process is sampled from
+outside: RSS, WAL and temp files).
 
 At the end the producer stops, a last bounded run with `flush := true` closes every window, and
 the accounting is checked: window counts + late events + dead letters = events sent, no window or
@@ -102,7 +107,7 @@ def job_main(spec):
                               "tmp_mb": dir_size(db + ".tmp") / 1e6, "memory_mb": mem}), flush=True)
 
     threading.Thread(target=sample, daemon=True).start()
-    call = f"streaming_etl_run('{spec['topic']}', {WINDOW_MS}, {LATENESS_MS}{spec['named']})"
+    call = call_of(spec, spec["named"])
     if spec.get("prepared"):
         con.execute(f"PREPARE soak AS SELECT * FROM {call}")
         cur = con.execute("EXECUTE soak")
@@ -189,15 +194,46 @@ def kafka_writer(bootstrap, topic):
 # --- the soak -------------------------------------------------------------------------------
 
 
+def call_of(spec, named):
+    """The job's call with these named arguments."""
+    if spec.get("sql"):
+        return f"streaming_etl_sql('{spec['topic']}', $${spec['sql']}$$, lateness_ms := {LATENESS_MS}{named})"
+    return f"streaming_etl_run('{spec['topic']}', {WINDOW_MS}, {LATENESS_MS}{named})"
+
+
 class Job:
     def __init__(self, spec, log):
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--job", json.dumps(spec)],
-                                     stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
         self.started = time.time()
         self.samples = []
         self.rows = 0
+        if spec.get("background"):
+            # The service runner: it starts the job in the background and waits, no statement open.
+            jobs_sql = os.path.join(os.path.dirname(spec["db"]), "jobs.sql")
+            with open(jobs_sql, "w") as f:
+                f.write((spec.get("setup") or "") + ";\n" + f"SELECT * FROM {call_of(spec, spec['named'])};\n")
+            cmd = [sys.executable, os.path.join(ROOT, "scripts", "serve.py"), spec["db"], "--sql", jobs_sql,
+                   "--extension", ext_path(), "--status-every", "10"]
+            if spec.get("extension_directory"):
+                cmd += ["--config", f"extension_directory={spec['extension_directory']}"]
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+            threading.Thread(target=self.sample_outside, args=(spec["db"],), daemon=True).start()
+        else:
+            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--job", json.dumps(spec)],
+                                         stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
         self.thread = threading.Thread(target=self.read, daemon=True)
         self.thread.start()
+
+    def sample_outside(self, db):
+        """RSS, WAL and temp files of a process that does not sample itself."""
+        while self.proc.poll() is None:
+            time.sleep(SAMPLE_S)
+            rss = rss_mb(self.proc.pid)
+            if rss is None:
+                return
+            wal = db + ".wal"
+            self.samples.append({"sample": True, "t": time.time(), "uptime": round(time.time() - self.started, 1),
+                                 "rss_mb": rss, "wal_mb": os.path.getsize(wal) / 1e6 if os.path.exists(wal) else 0,
+                                 "tmp_mb": dir_size(db + ".tmp") / 1e6, "pid": self.proc.pid})
 
     def read(self):
         for line in self.proc.stdout:
@@ -230,13 +266,17 @@ def final_run(spec):
     con.execute(f"LOAD '{ext_path()}'")
     if spec.get("setup"):
         con.execute(spec["setup"])
-    named = spec["named"].replace(", follow := true", "") + ", flush := true"
-    con.execute(f"SELECT * FROM streaming_etl_run('{spec['topic']}', {WINDOW_MS}, {LATENESS_MS}{named})").fetchall()
+    named = spec["named"]
+    for bg in (", follow := true", ", background := true", ", every := INTERVAL '30 seconds'"):
+        named = named.replace(bg, "")
+    con.execute(f"SELECT * FROM {call_of(spec, named + ', flush := true')}").fetchall()
     w, late, dead = spec["tables"]
-    counted = con.execute(f"SELECT coalesce(sum(count), 0) FROM {w}").fetchall()[0][0]
+    count = spec.get("count_column", "count")
+    counted = con.execute(f"SELECT coalesce(sum({count}), 0) FROM {w}").fetchall()[0][0]
     late_n = con.execute(f"SELECT count(*) FROM {late}").fetchall()[0][0]
     dead_n = con.execute(f"SELECT count(*) FROM {dead}").fetchall()[0][0]
-    dup_w = con.execute(f"SELECT count(*) FROM (SELECT key, window_start_ms FROM {w} GROUP BY ALL HAVING count(*) > 1)").fetchall()[0][0]
+    keys = spec.get("window_key", "key, window_start_ms")
+    dup_w = con.execute(f"SELECT count(*) FROM (SELECT {keys} FROM {w} GROUP BY ALL HAVING count(*) > 1)").fetchall()[0][0]
     dup_l = con.execute(f'SELECT count(*) FROM (SELECT partition, "offset" FROM {late} GROUP BY ALL HAVING count(*) > 1)').fetchall()[0][0]
     con.close()
     return {"in_windows": int(counted), "late": late_n, "dead": dead_n, "duplicate_windows": dup_w,
@@ -256,13 +296,42 @@ def final_in_child(spec):
     return acct
 
 
+# The staged SQL job of `bg-sql`: a lookup join and a holistic aggregate, per region and second.
+SQL_JOB = ("INSERT INTO by_region SELECT r.region, window_start, count(*) AS n, median(s.v) AS median_v "
+           "FROM TUMBLE(stream, event_time, INTERVAL '1 second') AS s JOIN regions AS r ON r.key = s.key GROUP BY ALL")
+REGIONS = ("CREATE TABLE IF NOT EXISTS regions AS SELECT 'k' || i AS key, 'r' || (i % 5) AS region "
+           f"FROM range({KEYS}) t(i)")
+UPSERT_UPDATE = ", follow := true, emit := 'update', late_updates_ms := 5000"
+# variant: (what the job does, its named arguments, runs in the background)
+VARIANTS = {
+    "files": ("files, append", ", follow := true, write_mode := 'append'", False),
+    "kafka": ("kafka, append", ", follow := true, write_mode := 'append'", False),
+    "lake": ("lake, append", ", follow := true, write_mode := 'append'", False),
+    "fg-upsert": ("files, upsert + update + late updates, PREPARE/EXECUTE", UPSERT_UPDATE, False),
+    "bg-append": ("files, append", ", follow := true, write_mode := 'append', background := true", True),
+    "bg-upsert": ("files, upsert + update + late updates", UPSERT_UPDATE + ", background := true", True),
+    "bg-sql": ("files, SQL job: lookup join + median", ", follow := true, background := true, "
+               "columns := {'key': 'VARCHAR', 'payload.value AS v': 'DOUBLE'}", True),
+    "bg-every": ("files, append, every 30 s", ", write_mode := 'append', every := INTERVAL '30 seconds'", True),
+}
+
+
 def soak(variant, minutes, rate, kill_every, prepared, label=None):
     work = os.path.join(ROOT, "bench-out", f"soak-{variant}{'-prepared' if prepared else ''}-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     db = os.path.join(work, "soak.duckdb")
-    spec = {"db": db, "prepared": prepared, "named": ", follow := true, write_mode := 'append'",
+    what, named, background = VARIANTS[variant]
+    prepared = prepared or variant == "fg-upsert"
+    spec = {"db": db, "prepared": prepared, "named": named, "background": background,
             "tables": ("windows", "late_events", "dead_letters")}
+    if variant == "bg-sql":
+        spec.update(sql=SQL_JOB, setup=REGIONS, count_column="n", window_key="region, window_start",
+                    tables=("by_region", "late_events", "dead_letters"))
+    if variant.startswith("bg-"):
+        label = label or f"background: {what}"
+    elif variant == "fg-upsert":
+        label = label or f"foreground: {what}"
     broker = pg = None
     if variant == "kafka":
         from brokers import MockBroker
@@ -348,7 +417,8 @@ def soak(variant, minutes, rate, kill_every, prepared, label=None):
         return None if out is None else round(out, 1)
 
     result = {
-        "variant": label or (variant + (", PREPARE/EXECUTE" if prepared else "")), "minutes": minutes, "rate": rate,
+        "variant": label or ("foreground: " + what + (", PREPARE/EXECUTE" if prepared else "")),
+        "minutes": minutes, "rate": rate,
         "sent": sent, "accounted": accounted, "exact": accounted == sent and not acct["duplicate_windows"]
         and not acct["duplicate_late"], **acct, "kills": kills, "restarts_after_fault": restarts,
         "fault": {"kafka": "broker down 10 s", "lake": "PostgreSQL killed and restarted"}.get(variant, "-"),

@@ -5,12 +5,14 @@
 //!
 //! This crate is the adapter layer, in rooms: `host` (DuckDB's side: the entrypoint, the
 //! extension's connections, arguments, output vectors, the sandbox, OS calls), `functions`
-//! (the SQL functions), `params` (their settings and parameters), `sink` (writing the
-//! output tables) and `source` (Kafka). This file registers the functions. The event-time core
+//! (the SQL functions), `jobs` (jobs in the background: registry, threads, schedules),
+//! `params` (their settings and parameters), `sink` (writing the output tables) and `source`
+//! (Kafka). This file registers the functions. The event-time core
 //! is `streaming_etl_core`, the checkpoint and run loop `streaming_etl_runtime`.
 
 mod functions;
 mod host;
+mod jobs;
 mod params;
 mod sink;
 mod source;
@@ -20,7 +22,10 @@ use duckdb::Connection;
 
 use crate::functions::batch::{self, BatchFunction};
 use crate::functions::checkpoint::CheckpointFunction;
+use crate::functions::jobs::JobsFunction;
+use crate::functions::resume::ResumeFunction;
 use crate::functions::run::{ParameterForm, RunFunction, SqlForm};
+use crate::functions::stop::StopFunction;
 use crate::host::connections::{Host, POOL_SIZE};
 
 // `streaming_etl_init_c_api`, the entrypoint DuckDB calls on `LOAD streaming_etl`: it registers
@@ -63,6 +68,16 @@ pub(crate) fn load(conn: Connection) -> Result<(), String> {
     .map_err(fail)?;
     conn.register_table_function_with_extra_info::<CheckpointFunction, _>(
         "streaming_etl_checkpoint",
+        &host,
+    )
+    .map_err(fail)?;
+    // Jobs in the background.
+    conn.register_table_function_with_extra_info::<JobsFunction, _>("streaming_etl_jobs", &host)
+        .map_err(fail)?;
+    conn.register_table_function_with_extra_info::<StopFunction, _>("streaming_etl_stop", &host)
+        .map_err(fail)?;
+    conn.register_table_function_with_extra_info::<ResumeFunction, _>(
+        "streaming_etl_resume",
         &host,
     )
     .map_err(fail)?;

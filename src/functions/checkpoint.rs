@@ -12,7 +12,7 @@ use streaming_etl_core::{Cell, ColumnType, EtlError};
 use streaming_etl_runtime::checkpoint::{inspect, CheckpointRow};
 use streaming_etl_runtime::config::CheckpointLocation;
 
-use super::result::{add_columns, write_row, ResultColumn};
+use super::result::{add_columns, write_rows, ResultColumn};
 use crate::host::entry;
 use crate::host::sandbox::Sandbox;
 use crate::host::sql_error::contained;
@@ -164,14 +164,7 @@ impl VTab for CheckpointFunction {
             let Some((rows, next)) = slot.as_mut() else {
                 return Ok(());
             };
-            let capacity = output.flat_vector(0).capacity();
-            let n = (rows.len() - *next).min(capacity);
-            for (i, r) in rows[*next..*next + n].iter().enumerate() {
-                write_row(output, i, CHECKPOINT_COLUMNS, r)?;
-            }
-            output.set_len(n);
-            *next += n;
-            Ok(())
+            write_rows(output, CHECKPOINT_COLUMNS, rows, next)
         })?)
     }
 

@@ -55,6 +55,24 @@ pub fn write_row<R>(
     Ok(())
 }
 
+/// Writes the rows from `*next` on into the chunk, as many as it holds, and moves `next` past
+/// them (a function whose rows outnumber a chunk is called again for the rest).
+pub fn write_rows<R>(
+    chunk: &mut DataChunkHandle,
+    columns: &[ResultColumn<R>],
+    rows: &[R],
+    next: &mut usize,
+) -> Result<()> {
+    let capacity = chunk.flat_vector(0).capacity();
+    let n = rows.len().saturating_sub(*next).min(capacity);
+    for (i, r) in rows[*next..*next + n].iter().enumerate() {
+        write_row(chunk, i, columns, r)?;
+    }
+    chunk.set_len(n);
+    *next += n;
+    Ok(())
+}
+
 /// Writes one cell into row `row` of a column; false when the column's type cannot hold it (a
 /// string or bytes must only be given to a VARCHAR or BLOB column: `Cell::fits` says so).
 pub fn write_cell(v: &mut OutVector<'_>, row: usize, cell: Cell<'_>) -> bool {

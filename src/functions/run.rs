@@ -22,6 +22,7 @@ use streaming_etl_runtime::group::{GroupEnv, GroupRun};
 use streaming_etl_runtime::job::{Run, RunEnv, RunStats, SourceOpener};
 use streaming_etl_runtime::lock::JobLock;
 
+use super::jobs::JOB_COLUMNS;
 use super::result::{add_columns, write_row, ResultColumn};
 use crate::host::args::{Arg, Args};
 use crate::host::binder::bind_typed;
@@ -29,9 +30,12 @@ use crate::host::connections::{Host, SharedConn};
 use crate::host::entry;
 use crate::host::resolver::DuckResolver;
 use crate::host::sql_error::contained;
+use crate::jobs::call::Call;
+use crate::jobs::job::{now_ms, JobRow, JobSpec};
+use crate::jobs::worker::{Runnable, Starter};
 use crate::params::{
-    parse_run, ParamType, RunPlan, SourceSpec, Start, TableName, RUN_PARAMS, RUN_POSITIONAL,
-    RUN_SQL_POSITIONAL,
+    jobs_record, parse_run, ParamType, RunPlan, SourceSpec, Start, TableName, RUN_PARAMS,
+    RUN_POSITIONAL, RUN_SQL_POSITIONAL,
 };
 use crate::sink::catalog::OutputCatalog;
 use crate::sink::duck_sink::DuckSink;
@@ -112,31 +116,57 @@ pub const RUN_COLUMNS: &[ResultColumn<RunStats>] = &[
 ];
 
 /// The form of a call: `streaming_etl_run(topic, window_ms, lateness_ms, ...)`, or a job written
-/// as SQL, `streaming_etl_run(topic, sql, ...)` (an overload of the same function).
+/// as SQL, `streaming_etl_sql(topic, sql, ...)`.
 pub trait Form: Send + Sync + 'static {
+    const NAME: &'static str;
     const POSITIONAL: &'static [ParamType];
 }
 
 pub struct ParameterForm;
 
 impl Form for ParameterForm {
+    const NAME: &'static str = "streaming_etl_run";
     const POSITIONAL: &'static [ParamType] = RUN_POSITIONAL;
 }
 
 pub struct SqlForm;
 
 impl Form for SqlForm {
+    const NAME: &'static str = "streaming_etl_sql";
     const POSITIONAL: &'static [ParamType] = RUN_SQL_POSITIONAL;
+}
+
+/// How many positional arguments the function of this name takes.
+pub fn positional_count(function: &str) -> usize {
+    if function == SqlForm::NAME {
+        SqlForm::POSITIONAL.len()
+    } else {
+        ParameterForm::POSITIONAL.len()
+    }
 }
 
 pub struct RunFunction<F: Form>(PhantomData<F>);
 
+/// A call, bound: everything a run of it needs, checked.
+#[derive(Clone)]
 pub struct RunBind {
     plan: Arc<RunPlan>,
     /// The catalog the output tables are in.
     catalog: OutputCatalog,
     /// A job written as SQL: its statement, planned.
     sql: Option<Arc<SqlJob>>,
+    /// A job for the background: its call, and where it is recorded to be resumed.
+    background: Option<Arc<(Call, Option<String>)>>,
+}
+
+impl RunBind {
+    pub fn job(&self) -> &str {
+        &self.plan.job.job
+    }
+
+    pub fn call(&self) -> Option<&Call> {
+        self.background.as_deref().map(|(c, _)| c)
+    }
 }
 
 /// A run of either kind: one process's (state in the SQLite checkpoint) or a consumer group
@@ -146,7 +176,7 @@ enum AnyRun {
     Group(Box<GroupRun>),
 }
 
-impl AnyRun {
+impl Runnable for AnyRun {
     fn cycle(&mut self) -> Result<bool> {
         match self {
             AnyRun::Single(r) => r.cycle(),
@@ -158,6 +188,21 @@ impl AnyRun {
         match self {
             AnyRun::Single(r) => r.stats(),
             AnyRun::Group(r) => r.stats(),
+        }
+    }
+
+    fn lag(&self) -> Option<i64> {
+        match self {
+            AnyRun::Single(r) => r.lag(),
+            AnyRun::Group(r) => r.lag(),
+        }
+    }
+
+    fn unreachable(&self) -> Option<String> {
+        match self {
+            AnyRun::Single(r) => r.unreachable(),
+            // A member's consumer is the group's; its tasks end on their own timeouts.
+            AnyRun::Group(_) => None,
         }
     }
 }
@@ -172,17 +217,30 @@ pub struct RunInit {
     state: Mutex<State>,
 }
 
+/// Who a run's connection is lent to: a user's statement (it waits for a free one) or a
+/// background job (it never waits, nor takes the last free one).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lender {
+    Statement,
+    Job,
+}
+
+impl Lender {
+    fn checkout(self, host: &Arc<Host>) -> Result<crate::host::connections::PooledConn> {
+        match self {
+            Lender::Statement => host.checkout(),
+            Lender::Job => host.checkout_for_job(),
+        }
+    }
+}
+
 /// Opens what a run needs, in an order that never leaves a half-started job behind: the job's
 /// lock first, then its checkpoint, then one of the extension's connections (waiting while all
 /// are in use); the source opens inside `Run::start`, once the checkpoint says where to resume.
-fn start(
-    plan: &RunPlan,
-    catalog: &OutputCatalog,
-    sql: Option<&SqlJob>,
-    host: &Arc<Host>,
-) -> Result<AnyRun> {
+fn start(bound: &RunBind, host: &Arc<Host>, lender: Lender) -> Result<AnyRun> {
+    let (plan, catalog, sql) = (&*bound.plan, &bound.catalog, bound.sql.as_deref());
     if plan.subscribe {
-        return start_group(plan, catalog, sql, host).map(|r| AnyRun::Group(Box::new(r)));
+        return start_group(plan, catalog, sql, host, lender).map(|r| AnyRun::Group(Box::new(r)));
     }
     let job = &plan.job;
     let (lock, checkpoint) = match &job.checkpoint {
@@ -195,7 +253,7 @@ fn start(
             host.memory_checkpoint()?,
         ),
     };
-    let conn = SharedConn::new(host.checkout()?);
+    let conn = SharedConn::new(lender.checkout(host)?);
     let job = with_resolver(job, &conn);
     let sink = single_sink(plan, catalog, sql, conn);
     Run::start(
@@ -228,9 +286,10 @@ fn start_group(
     catalog: &OutputCatalog,
     sql: Option<&SqlJob>,
     host: &Arc<Host>,
+    lender: Lender,
 ) -> Result<GroupRun> {
     let job = &plan.job;
-    let conn = SharedConn::new(host.checkout()?);
+    let conn = SharedConn::new(lender.checkout(host)?);
     let job = &with_resolver(job, &conn);
     let windows = windows_with_partition(&job.engine.schemas().windows);
     // A job written as SQL stages its statements' events (their outputs say where).
@@ -470,6 +529,95 @@ fn output_catalog(host: &Arc<Host>, plan: &RunPlan) -> Result<OutputCatalog> {
     Ok(catalog)
 }
 
+/// Binds a call of `function` (`streaming_etl_run` or `streaming_etl_sql`): its arguments parsed
+/// and checked, a job written as SQL planned, the output catalog resolved and the tables
+/// created. A background job's call is kept, with where it is recorded.
+pub fn bind_run(host: &Arc<Host>, args: &dyn Args, function: &str) -> Result<RunBind> {
+    let mut plan = parse_run(args, host.db_path())?;
+    let sql = match plan.sql.clone() {
+        Some(text) => Some(bind_sql(host, args, &mut plan, &text)?),
+        None if !plan.job.engine.columns.is_empty() => {
+            // DuckDB's binder types the columns and aggregates before anything is read.
+            let pooled = host.checkout()?;
+            bind_typed(pooled.conn()?, &mut plan.job.engine)?;
+            plan.rebind_settings(None);
+            None
+        }
+        None => None,
+    };
+    let catalog = output_catalog(host, &plan)?;
+    if let Some(job) = &sql {
+        let targets: Vec<(String, TableName)> = job
+            .statements
+            .iter()
+            .map(|s| (s.target_shown.clone(), s.target.clone()))
+            .collect();
+        let pooled = host.checkout()?;
+        crate::sink::catalog::check_targets(pooled.conn()?, &catalog, &targets)?;
+    }
+    if !plan.subscribe {
+        create_tables(host, &plan, &catalog, sql.as_ref())?;
+    }
+    let background = match plan.background {
+        Some(_) => {
+            let record = jobs_record(args, host.db_path(), &plan.sandbox, false)?;
+            let call = Call::capture(function, args, positional_count(function));
+            Some(Arc::new((call, record)))
+        }
+        None => None,
+    };
+    Ok(RunBind {
+        plan: Arc::new(plan),
+        catalog,
+        sql: sql.map(Arc::new),
+        background,
+    })
+}
+
+/// Whether a background job that cannot start is an error of the statement starting it (a new
+/// job: the user sees why at once) or a job that retries (one resumed after a restart, whose
+/// broker may not be back yet).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum FirstRun {
+    MustStart,
+    MayRetry,
+}
+
+/// Starts a bound call as a background job: its first run now (so a job that cannot run fails
+/// the statement, when `first` says so), then a thread of its own; the job is recorded to be
+/// resumed after a restart. Returns its row.
+pub fn start_background(host: &Arc<Host>, bound: &RunBind, first: FirstRun) -> Result<JobRow> {
+    let Some(bg) = bound.background.clone() else {
+        return Err(EtlError::Internal("not a background job".into()));
+    };
+    let (call, record) = &*bg;
+    let name = bound.job().to_string();
+    let jobs = host.jobs();
+    jobs.check_free(&name)?;
+    host.job_starting();
+    let again = bound.clone();
+    let job_host = Arc::clone(host);
+    let mut starter: Starter = Box::new(move || {
+        start(&again, &job_host, Lender::Job).map(|r| Box::new(r) as Box<dyn Runnable>)
+    });
+    let run = match starter() {
+        Ok(r) => Ok(r),
+        Err(e) if first == FirstRun::MayRetry => Err(e),
+        Err(e) => return Err(e),
+    };
+    if let Some(path) = record {
+        // Before the thread starts: a job that cannot be recorded does not start.
+        Checkpoint::open_file(path)?.record_background(&name, &call.encode(), now_ms())?;
+    }
+    let spec = JobSpec {
+        name,
+        call_shown: call.shown(),
+        record: record.clone(),
+        every_ms: bound.plan.background.and_then(|b| b.every_ms),
+    };
+    jobs.spawn(spec, run, starter)
+}
+
 impl<F: Form> VTab for RunFunction<F> {
     type InitData = RunInit;
     type BindData = RunBind;
@@ -479,37 +627,12 @@ impl<F: Form> VTab for RunFunction<F> {
             streaming_etl_runtime::fault::panic_point("bind");
             let host = entry::bind_host(bind).ok_or(EtlError::Detached)?;
             host.touch();
-            let mut plan = parse_run(bind, host.db_path())?;
-            let sql = match plan.sql.clone() {
-                Some(text) => Some(bind_sql(&host, bind, &mut plan, &text)?),
-                None if !plan.job.engine.columns.is_empty() => {
-                    // DuckDB's binder types the columns and aggregates before anything is read.
-                    let pooled = host.checkout()?;
-                    bind_typed(pooled.conn()?, &mut plan.job.engine)?;
-                    plan.rebind_settings(None);
-                    None
-                }
-                None => None,
-            };
-            add_columns(bind, RUN_COLUMNS);
-            let catalog = output_catalog(&host, &plan)?;
-            if let Some(job) = &sql {
-                let targets: Vec<(String, TableName)> = job
-                    .statements
-                    .iter()
-                    .map(|s| (s.target_shown.clone(), s.target.clone()))
-                    .collect();
-                let pooled = host.checkout()?;
-                crate::sink::catalog::check_targets(pooled.conn()?, &catalog, &targets)?;
+            let bound = bind_run(&host, bind, F::NAME)?;
+            match bound.background {
+                Some(_) => add_columns(bind, JOB_COLUMNS),
+                None => add_columns(bind, RUN_COLUMNS),
             }
-            if !plan.subscribe {
-                create_tables(&host, &plan, &catalog, sql.as_ref())?;
-            }
-            Ok(RunBind {
-                plan: Arc::new(plan),
-                catalog,
-                sql: sql.map(Arc::new),
-            })
+            Ok(bound)
         })?)
     }
 
@@ -535,12 +658,13 @@ impl<F: Form> VTab for RunFunction<F> {
                 // A failed start leaves nothing running; the error ends the statement.
                 *state = State::Done;
                 let bound = func.get_bind_data();
-                *state = State::Running(start(
-                    &bound.plan,
-                    &bound.catalog,
-                    bound.sql.as_deref(),
-                    &host,
-                )?);
+                if bound.background.is_some() {
+                    let row = start_background(&host, bound, FirstRun::MustStart)?;
+                    write_row(output, 0, JOB_COLUMNS, &row)?;
+                    output.set_len(1);
+                    return Ok(());
+                }
+                *state = State::Running(start(bound, &host, Lender::Statement)?);
             }
             let State::Running(run) = &mut *state else {
                 output.set_len(0);

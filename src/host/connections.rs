@@ -14,8 +14,13 @@ use streaming_etl_core::{EtlError, Result};
 use streaming_etl_runtime::checkpoint::Checkpoint;
 use streaming_etl_runtime::lock::MemoryLocks;
 
-/// Connections opened at load time; more runs at once wait for one to be free.
-pub const POOL_SIZE: usize = 4;
+use crate::jobs::registry::{stop_everywhere, Jobs, CLOSE_WAIT};
+
+/// Connections opened at load time (DuckDB hands an extension its database only while it
+/// loads, so the pool cannot grow later): a background job holds one for as long as a run
+/// lasts, a foreground run one, a bind one for a moment. More foreground runs at once wait for
+/// one to be free; a background job never takes the last free one.
+pub const POOL_SIZE: usize = 16;
 
 /// How often the watcher looks at the connection count: often right after the extension was
 /// used (when a user is most likely to close the database and open it again), rarely once it
@@ -48,6 +53,10 @@ pub struct Host {
     memory_checkpoint: Mutex<Option<Checkpoint>>,
     /// Jobs running against the in-memory checkpoint (file checkpoints use file locks).
     memory_locks: Arc<MemoryLocks>,
+    /// The database's background jobs.
+    jobs: Arc<Jobs>,
+    /// Connections lent to background jobs (the rest of those lent serve a user's statement).
+    lent_to_jobs: AtomicUsize,
 }
 
 /// Held by a watcher while it talks to DuckDB; taken for good when the process exits, so that
@@ -63,6 +72,8 @@ extern "C" fn on_exit() {
     if EXITING.swap(true, Ordering::SeqCst) {
         return;
     }
+    // Background jobs end at a cycle boundary first, everything they read committed.
+    let _ = std::panic::catch_unwind(|| stop_everywhere(CLOSE_WAIT));
     let guard = EXIT_GATE.lock().unwrap_or_else(PoisonError::into_inner);
     std::mem::forget(guard);
 }
@@ -87,6 +98,8 @@ impl Host {
             db_path,
             memory_checkpoint: Mutex::new(None),
             memory_locks: Arc::new(MemoryLocks::default()),
+            jobs: Jobs::new(),
+            lent_to_jobs: AtomicUsize::new(0),
         });
         let watched = Arc::clone(&host);
         let spawned = std::thread::Builder::new()
@@ -101,6 +114,17 @@ impl Host {
 
     pub fn db_path(&self) -> Option<&str> {
         self.db_path.as_deref()
+    }
+
+    /// The database's background jobs.
+    pub fn jobs(&self) -> &Arc<Jobs> {
+        &self.jobs
+    }
+
+    /// A background job is starting: the exit handler is registered again, so that at exit it
+    /// runs (and stops the job) before DuckDB's objects created since load are torn down.
+    pub fn job_starting(&self) {
+        crate::host::os::at_exit(on_exit);
     }
 
     fn watch(self: Arc<Self>) {
@@ -134,8 +158,9 @@ impl Host {
         let mut pool = lock(&self.pool);
         let size = self.size.load(Ordering::SeqCst);
         let mut unused_since = lock(&self.unused_since);
-        // A run in progress means a user connection is running it.
-        if pool.len() < size || pool.is_empty() {
+        // A connection lent to anything but a background job serves a user's statement.
+        let jobs = self.lent_to_jobs.load(Ordering::SeqCst);
+        if pool.len() + jobs < size || pool.is_empty() {
             *unused_since = None;
             return false;
         }
@@ -154,6 +179,13 @@ impl Host {
             Some(_) => {}
         }
         drop(unused_since);
+        if jobs > 0 || self.jobs.any_alive() {
+            // The user has gone: the background jobs stop at a cycle boundary (to be resumed
+            // after a restart), handing their connections back; the next look releases them.
+            drop(pool);
+            self.jobs.stop_all(CLOSE_WAIT);
+            return false;
+        }
         let Some(last) = pool.pop() else {
             return false;
         };
@@ -191,6 +223,7 @@ impl Host {
                 return Ok(PooledConn {
                     host: Arc::clone(self),
                     conn: Some(conn),
+                    for_job: false,
                 });
             }
             pool = self
@@ -198,6 +231,30 @@ impl Host {
                 .wait(pool)
                 .unwrap_or_else(PoisonError::into_inner);
         }
+    }
+
+    /// Borrows a connection for a background job's run. It never waits, and never takes the
+    /// last free connection (the user's statements and the watcher need one).
+    pub fn checkout_for_job(self: &Arc<Self>) -> Result<PooledConn> {
+        let mut pool = lock(&self.pool);
+        if self.released.load(Ordering::SeqCst) {
+            return Err(EtlError::Detached);
+        }
+        if pool.len() < 2 {
+            return Err(EtlError::Duck(format!(
+                "every connection of the extension to this database is in use ({} in all, {} by background jobs); a background run waits for one",
+                self.size.load(Ordering::SeqCst),
+                self.lent_to_jobs.load(Ordering::SeqCst)
+            )));
+        }
+        let conn = pool.pop();
+        self.lent_to_jobs.fetch_add(1, Ordering::SeqCst);
+        *lock(&self.last_activity) = Instant::now();
+        Ok(PooledConn {
+            host: Arc::clone(self),
+            conn,
+            for_job: true,
+        })
     }
 
     /// A global DuckDB setting as the extension's own connection sees it, as its type and its
@@ -249,6 +306,8 @@ fn connection_count(conn: &Connection) -> duckdb::Result<i64> {
 pub struct PooledConn {
     host: Arc<Host>,
     conn: Option<Connection>,
+    /// Lent to a background job's run.
+    for_job: bool,
 }
 
 impl PooledConn {
@@ -263,7 +322,12 @@ impl Drop for PooledConn {
             // Leave no transaction open on a pooled connection (a failed cycle may have).
             let _ = c.execute_batch("ROLLBACK");
             *lock(&self.host.last_activity) = Instant::now();
-            lock(&self.host.pool).push(c);
+            let mut pool = lock(&self.host.pool);
+            pool.push(c);
+            if self.for_job {
+                self.host.lent_to_jobs.fetch_sub(1, Ordering::SeqCst);
+            }
+            drop(pool);
             self.host.freed.notify_one();
         }
     }

@@ -20,7 +20,7 @@ fn arg_of_value(v: &Value, ty: ParamType) -> Arg {
 
 fn arg_of_text(text: String, ty: ParamType) -> Arg {
     match ty {
-        ParamType::Varchar => Arg::Text(text),
+        ParamType::Varchar | ParamType::Interval => Arg::Text(text),
         ParamType::BigInt => text.parse().map_or(Arg::Text(text), Arg::Int),
         ParamType::Boolean => match text.as_str() {
             "true" => Arg::Bool(true),

@@ -25,5 +25,6 @@ pub(crate) fn logical_type(ty: ParamType) -> LogicalTypeHandle {
         ParamType::VarcharMap => {
             LogicalTypeHandle::map(&t(LogicalTypeId::Varchar), &t(LogicalTypeId::Varchar))
         }
+        ParamType::Interval => t(LogicalTypeId::Interval),
     }
 }

@@ -19,8 +19,37 @@ pub fn checkpoint_location(
     db_path: Option<&str>,
     sandbox: &Sandbox,
 ) -> Result<CheckpointLocation> {
-    let given = Given::read(args, CHECKPOINT_PARAMS);
-    let chosen = match given.text(ParamId::Checkpoint)? {
+    let named = Given::read(args, CHECKPOINT_PARAMS).text(ParamId::Checkpoint)?;
+    resolve(args, named, db_path, sandbox)
+}
+
+/// Where a database's background jobs are recorded, to be started again after a restart: the
+/// `checkpoint` argument if `named` (streaming_etl_resume and _stop take one; a job's own is
+/// where its state is, not its record), else the `streaming_etl_checkpoint` setting, else beside
+/// the database file. None for an in-memory database, whose jobs end with it.
+pub fn jobs_record(
+    args: &dyn Args,
+    db_path: Option<&str>,
+    sandbox: &Sandbox,
+    named: bool,
+) -> Result<Option<String>> {
+    let given = match named {
+        true => Given::read(args, CHECKPOINT_PARAMS).text(ParamId::Checkpoint)?,
+        false => None,
+    };
+    Ok(match resolve(args, given, db_path, sandbox)? {
+        CheckpointLocation::File(path) => Some(path),
+        CheckpointLocation::Memory => None,
+    })
+}
+
+fn resolve(
+    args: &dyn Args,
+    named: Option<String>,
+    db_path: Option<&str>,
+    sandbox: &Sandbox,
+) -> Result<CheckpointLocation> {
+    let chosen = match named {
         Some(p) => Some(p),
         None => match args.setting(SETTING_CHECKPOINT) {
             Some(Arg::Text(s)) => Some(s),

@@ -3,6 +3,7 @@
 //! [`time`], [`output`], [`checkpoint`], typed columns in [`columns`], and Kafka's in [`kafka`]),
 //! and the table names and quoting they share in [`sql_name`].
 
+mod background;
 mod checkpoint;
 mod columns;
 mod given;
@@ -15,7 +16,7 @@ mod table;
 mod time;
 mod windows;
 
-pub use checkpoint::{checkpoint_job, checkpoint_location};
+pub use checkpoint::{checkpoint_job, checkpoint_location, jobs_record};
 pub use columns::EVENT_TIME;
 pub use kafka::{KafkaParams, RegistryParams};
 pub use output::{Compaction, WriteMode};

@@ -11,6 +11,7 @@ use streaming_etl_core::{
 };
 use streaming_etl_runtime::config::JobConfig;
 
+use super::background::{parse_background, Background};
 use super::checkpoint::checkpoint_location;
 use super::columns::parse_columns;
 use super::given::Given;
@@ -47,6 +48,8 @@ pub struct RunPlan {
     pub sql: Option<String>,
     /// The sources' and sinks' own settings that the checkpoint keeps beside the engine's.
     pub adapters: BTreeMap<String, String>,
+    /// Run beside the user, on the extension's own connections (`background`, `every`).
+    pub background: Option<Background>,
 }
 
 impl RunPlan {
@@ -275,7 +278,9 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
             true,
         ));
     }
+    let background = parse_background(&given, job_config.follow)?;
     Ok(RunPlan {
+        background,
         sql,
         adapters,
         subscribe,

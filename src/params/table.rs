@@ -39,6 +39,7 @@ pub enum ParamType {
     IntegerList,
     VarcharList,
     VarcharMap,
+    Interval,
 }
 
 impl ParamType {
@@ -51,6 +52,7 @@ impl ParamType {
             ParamType::IntegerList => "INTEGER[]",
             ParamType::VarcharList => "VARCHAR[]",
             ParamType::VarcharMap => "MAP(VARCHAR, VARCHAR)",
+            ParamType::Interval => "INTERVAL",
         }
     }
 }
@@ -101,6 +103,8 @@ pub enum ParamId {
     LateUpdatesMs,
     Columns,
     LatenessMs,
+    Background,
+    Every,
 }
 
 /// One named parameter.
@@ -184,8 +188,8 @@ pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::HopMs, "hop_ms", ParamType::BigInt, "none", "hopping windows: a window of `window_ms` starts every `hop_ms` (divides `window_ms`)"),
     param(ParamId::GroupBy, "group_by", ParamType::VarcharList, "`[key_field]`", "key columns: dotted paths, `path AS name` (string, number or boolean values); `[]`: one row per window"),
     param(ParamId::Aggregates, "aggregates", ParamType::VarcharList, "count, sum/min/max of `value_field`", "`count(*)`, `sum(x)`, `avg`, `min`, `max`, `approx_count_distinct`, `approx_quantile(x, q)`, `first`, `last`, `arg_max(x, y)`, `FILTER (WHERE ...)`, `AS name`; with `columns`, any DuckDB aggregate ([more](docs/semantics.md#aggregates))"),
-    param(ParamId::Columns, "columns", ParamType::VarcharMap, "none", "typed fields, as `read_json`'s: `{'path [AS name]': 'DuckDB type', ...}` ([more](#typed-columns-and-any-duckdb-aggregate))"),
-    param(ParamId::Emit, "emit", ParamType::Varchar, "`close`", "`close` (a window's row when it closes) or `update` (also each cycle's running values) ([more](#running-results-and-late-corrections))"),
+    param(ParamId::Columns, "columns", ParamType::VarcharMap, "none", "typed fields, as `read_json`'s: `{'path [AS name]': 'DuckDB type', ...}` ([more](#typed-columns-aggregates-running-results))"),
+    param(ParamId::Emit, "emit", ParamType::Varchar, "`close`", "`close` (a window's row when it closes) or `update` (also each cycle's running values) ([more](#typed-columns-aggregates-running-results))"),
     param(ParamId::LateUpdatesMs, "late_updates_ms", ParamType::BigInt, "none", "a late event this close to its window's end corrects the row"),
     param(ParamId::KeyField, "key_field", ParamType::Varchar, "`key`", "dotted path of the key (string or number; Kafka: the message key when absent)"),
     param(ParamId::TimeField, "time_field", ParamType::Varchar, "`event_time_ms`", "dotted path of the event time (its form: `time_format`)"),
@@ -205,6 +209,8 @@ pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::IdleTimeoutMs, "idle_timeout_ms", ParamType::BigInt, "none", "a partition silent this long (wall clock) stops holding the watermark back"),
     param(ParamId::Flush, "flush", ParamType::Boolean, "false", "once caught up, close every open window (bounded input)"),
     param(ParamId::Follow, "follow", ParamType::Boolean, "false", "keep reading what arrives, until `max_runtime_ms`, `max_messages`, an interrupt, `LIMIT`"),
+    param(ParamId::Background, "background", ParamType::Boolean, "false", "run on the extension's own connections and return at once ([more](#jobs-in-the-background))"),
+    param(ParamId::Every, "every", ParamType::Interval, "none", "in the background, a bounded run on this schedule (the next starts after the last ended)"),
     param(ParamId::Start, "start", ParamType::Varchar, "`earliest`", "a new job's start: `earliest`, `latest` or (Kafka) a time (ISO 8601, epoch ms)"),
     param(ParamId::QuietFlushMs, "quiet_flush_ms", ParamType::BigInt, "none", "close every open window once all partitions are silent this long (wall clock)"),
     param(ParamId::Files, "files", ParamType::Varchar, "`append`", "`append` (every file may grow) or `rolling` (a caught-up file stops holding the watermark back once a later file delivered)").only(Applies::Files),

@@ -64,6 +64,8 @@ struct OpenConsumer {
     registry: Option<Arc<Registry>>,
     /// The schema id the last record named (known to the cache).
     last_schema: Option<u32>,
+    /// A continuous run: since when, and why, the brokers have not answered a metadata request.
+    unreachable: Option<(Instant, String)>,
 }
 
 pub struct KafkaSource {
@@ -139,6 +141,7 @@ impl KafkaSource {
             serves_callbacks: true,
             registry: opts.registry.clone(),
             last_schema: None,
+            unreachable: None,
         };
         let mut gaps = Vec::new();
         let mut assignment = TopicPartitionList::new();
@@ -210,6 +213,7 @@ impl KafkaSource {
             serves_callbacks: false,
             registry,
             last_schema: None,
+            unreachable: None,
         };
         KafkaSource {
             reader: Some(reader),
@@ -392,9 +396,26 @@ impl OpenConsumer {
             &self.brokers,
             self.timeout,
         ) {
-            Ok(ids) => ids,
-            // A metadata request that fails now is tried again at the next look.
-            Err(_) => return Ok(0),
+            Ok(ids) => {
+                self.unreachable = None;
+                ids
+            }
+            // A metadata request that fails now is tried again at the next look; a run that
+            // keeps failing to reach the brokers says so (Source::unreachable).
+            Err(e) => {
+                if self.unreachable.is_none() {
+                    let why = match e {
+                        PartitionsError::Kafka(k) => self
+                            .consumer
+                            .context()
+                            .last_error()
+                            .unwrap_or_else(|| kafka_error(&k)),
+                        PartitionsError::Other(m) => m,
+                    };
+                    self.unreachable = Some((Instant::now(), why));
+                }
+                return Ok(0);
+            }
         };
         let mut assignment = TopicPartitionList::new();
         let before = self.parts.len();
@@ -490,6 +511,18 @@ impl Source for KafkaSource {
 
     fn end_offset(&self, idx: usize) -> Option<i64> {
         self.reader.as_ref().and_then(|r| r.end_offset(idx))
+    }
+
+    fn unreachable(&self) -> Option<String> {
+        let r = self.reader.as_ref()?;
+        let (since, why) = r.unreachable.as_ref()?;
+        (since.elapsed() >= r.timeout).then(|| {
+            format!(
+                "cannot reach Kafka brokers '{}' for {} s (the run waits for them): {why}",
+                r.brokers,
+                since.elapsed().as_secs()
+            )
+        })
     }
 
     fn take_gaps(&mut self) -> Vec<Gap> {

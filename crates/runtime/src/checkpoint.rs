@@ -74,6 +74,11 @@ CREATE TABLE IF NOT EXISTS outbox (
   topic TEXT NOT NULL,
   batch BLOB NOT NULL,
   PRIMARY KEY (job, seq));
+CREATE TABLE IF NOT EXISTS background_jobs (
+  job TEXT PRIMARY KEY,
+  call TEXT NOT NULL,
+  active INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL);
 ";
 
 /// Columns added after version 0.1, added to older checkpoints when they are opened.
@@ -158,6 +163,14 @@ pub struct CheckpointRow {
     pub last_update_ms: i64,
     /// '' (read), 'released' or 'deleted' (see `PartitionState::status`).
     pub status: Option<String>,
+}
+
+/// A job recorded as started in the background and not stopped since.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackgroundJob {
+    pub job: String,
+    /// Its call, as the extension encoded it.
+    pub call: String,
 }
 
 /// An open checkpoint. Clones share the connection (the in-memory checkpoint of an in-memory
@@ -563,6 +576,63 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Records a job started in the background (its call, as the extension encodes it), active:
+    /// to be started again by the next process that resumes the database's jobs.
+    pub fn record_background(&self, job: &str, call: &str, now_ms: i64) -> Result<()> {
+        self.db()
+            .execute(
+                "INSERT OR REPLACE INTO background_jobs VALUES (?1, ?2, 1, ?3)",
+                params![job, call, now_ms],
+            )
+            .map_err(sql_err(&self.path))?;
+        Ok(())
+    }
+
+    /// Marks a recorded background job as no longer to be resumed (stopped by its user,
+    /// finished, failed). Returns whether it was recorded as active.
+    pub fn deactivate_background(&self, job: &str, now_ms: i64) -> Result<bool> {
+        let n = self
+            .db()
+            .execute(
+                "UPDATE background_jobs SET active = 0, updated_ms = ?2 WHERE job = ?1 AND active = 1",
+                params![job, now_ms],
+            )
+            .map_err(sql_err(&self.path))?;
+        Ok(n > 0)
+    }
+
+    /// The background jobs recorded as active in the checkpoint file at `path`, by name, read
+    /// without creating or changing anything (none when there is no such file or record).
+    pub fn active_background(path: &str) -> Result<Vec<BackgroundJob>> {
+        let Some(c) = Checkpoint::open_read_only(path)? else {
+            return Ok(Vec::new());
+        };
+        let db = c.db();
+        let has: i64 = db
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'background_jobs'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(sql_err(path))?;
+        if has == 0 {
+            return Ok(Vec::new());
+        }
+        let mut stmt = db
+            .prepare("SELECT job, call FROM background_jobs WHERE active = 1 ORDER BY job")
+            .map_err(sql_err(path))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(BackgroundJob {
+                    job: r.get(0)?,
+                    call: r.get(1)?,
+                })
+            })
+            .map_err(sql_err(path))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(sql_err(path))
+    }
+
     /// Every job's partitions (a job without partitions yet gets one row).
     pub fn rows(&self, job: Option<&str>) -> Result<Vec<CheckpointRow>> {
         let db = self.db();
@@ -818,6 +888,40 @@ mod tests {
                 .unwrap();
             assert_eq!(pages * size, 4 << 20, "{name}");
         }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A recorded background job is active until deactivated; recording it again (a new start)
+    /// replaces its call and makes it active again; a file without records reads as none.
+    #[test]
+    fn background_jobs_are_recorded_until_deactivated() {
+        let dir = std::env::temp_dir().join(format!("setl-bg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ckpt").to_string_lossy().into_owned();
+        let _ = std::fs::remove_file(&path);
+        assert!(Checkpoint::active_background(&path).unwrap().is_empty());
+        let c = Checkpoint::open_file(&path).unwrap();
+        assert!(Checkpoint::active_background(&path).unwrap().is_empty());
+        c.record_background("a", "call a", 1).unwrap();
+        c.record_background("b", "call b", 1).unwrap();
+        let names = |v: Vec<BackgroundJob>| v.into_iter().map(|b| b.job).collect::<Vec<_>>();
+        assert_eq!(
+            names(Checkpoint::active_background(&path).unwrap()),
+            ["a", "b"]
+        );
+        assert!(c.deactivate_background("a", 2).unwrap());
+        assert!(!c.deactivate_background("a", 3).unwrap());
+        assert!(!c.deactivate_background("nope", 3).unwrap());
+        assert_eq!(names(Checkpoint::active_background(&path).unwrap()), ["b"]);
+        c.record_background("a", "call a2", 4).unwrap();
+        let got = Checkpoint::active_background(&path).unwrap();
+        assert_eq!(
+            got[0],
+            BackgroundJob {
+                job: "a".into(),
+                call: "call a2".into()
+            }
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -150,11 +150,17 @@ struct Task {
 }
 
 impl Task {
-    /// Whether the partition's source knows of messages past those the task has read.
-    fn behind(&self) -> bool {
+    /// How many messages the partition's source knows past those the task has read (None: it
+    /// knows no end).
+    fn lag(&self) -> Option<i64> {
         let read = self.engine.progress().first().map_or(-1, |p| p.next_offset);
         let at = self.source.position(0).map_or(read, |p| p.max(read));
-        self.source.end_offset(0).is_some_and(|end| end > at)
+        self.source.end_offset(0).map(|end| (end - at).max(0))
+    }
+
+    /// Whether the partition's source knows of messages past those the task has read.
+    fn behind(&self) -> bool {
+        self.lag().is_some_and(|l| l > 0)
     }
 }
 
@@ -688,6 +694,15 @@ impl GroupRun {
             self.group.committed(&offsets);
         }
         Ok(())
+    }
+
+    /// How far the member's partitions are behind the high watermarks its consumer last saw
+    /// (messages); None before any partition is assigned.
+    pub fn lag(&self) -> Option<i64> {
+        self.tasks
+            .values()
+            .filter_map(Task::lag)
+            .fold(None, |sum, l| Some(sum.unwrap_or(0) + l))
     }
 
     pub fn stats(&self) -> RunStats {

@@ -457,6 +457,28 @@ impl Run {
         Ok(())
     }
 
+    /// How far the run is behind its source: the sum over its partitions of what the source
+    /// knows past the run's position (Kafka: messages below the high watermark; files: bytes
+    /// not yet read); None when the source knows no end.
+    pub fn lag(&self) -> Option<i64> {
+        let mut lag = None;
+        for (i, p) in self.engine.progress().iter().enumerate() {
+            if let Some(end) = self.source.end_offset(i) {
+                let at = self
+                    .source
+                    .position(i)
+                    .map_or(p.next_offset, |at| at.max(p.next_offset));
+                *lag.get_or_insert(0) += (end - at).max(0);
+            }
+        }
+        lag
+    }
+
+    /// A fault the run is riding out (its source's brokers out of reach), for reports.
+    pub fn unreachable(&self) -> Option<String> {
+        self.source.unreachable()
+    }
+
     pub fn stats(&self) -> RunStats {
         RunStats::new(
             &self.cfg.job,

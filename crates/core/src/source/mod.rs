@@ -70,6 +70,13 @@ pub trait Source: Send {
     /// The end offset the source knows for the partition at `idx` (for lag), if any.
     fn end_offset(&self, idx: usize) -> Option<i64>;
 
+    /// A fault a continuous run is riding out rather than failing on (Kafka: its brokers out of
+    /// reach for longer than its timeout; the client keeps reconnecting), for reports; None
+    /// while all is well.
+    fn unreachable(&self) -> Option<String> {
+        None
+    }
+
     /// Where the source stands in the partition at `idx` when that is past the last message it
     /// delivered (Kafka: the end of partition, past transaction markers), so the checkpoint
     /// resumes there and lag reads 0.
