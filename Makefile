@@ -124,8 +124,9 @@ $(TANSU):
 $(CARGO_FUZZ):
 	$(STEP) background:cargo-fuzz $(CARGO) install cargo-fuzz --version 0.13.2 --locked
 
-# What the tests need late is built in the background at the lowest priority, in the cores the
-# builds and the first tests leave idle; `pytest` waits for it before the tests that use it.
+# What the tests need late is built in the background, beside the builds and the first tests (in a
+# session of its own, so the kernel's autogroup scheduling gives it an equal share of the cores, and
+# it is done before the tests that need it); `pytest` waits for it before those tests.
 background-installs:
 	@$(BG) start fuzz $(MAKE) --no-print-directory fuzz-build
 	@test -x $(TANSU) || $(BG) start tansu $(MAKE) --no-print-directory $(TANSU)
@@ -148,9 +149,12 @@ install: release configure
 
 # --- testing ---------------------------------------------------------------------------------
 
-# The unit and integration tests (examples are compiled by `make lint`'s clippy, not linked here).
+# The unit and integration tests (examples are compiled by `make lint`'s clippy, not linked here;
+# the test broker's binary has no tests). tests/artifact.rs, an integration test of the root
+# package, makes cargo build its library here as `release-main` does: both then share every
+# dependency's artifacts (without it, cargo compiled them twice: 5.6 minutes on a fresh machine).
 unit:
-	$(STEP) unit $(CARGO) test --release --workspace --exclude $(EXT)_fault --lib --bins --tests
+	$(STEP) unit $(CARGO) test --release --workspace --exclude $(EXT)_fault --lib --tests
 
 sqltest: release configure
 	$(STEP) sqltest-2.0.1 $(PY) test/sqllogictest.py build/release/$(EXT).duckdb_extension test/sql
@@ -162,6 +166,10 @@ sqltest: release configure
 CORE_TESTS := test/python/test_semantics.py test/python/test_windows.py test/python/test_file_source.py \
               test/python/test_host.py test/python/test_sandbox.py test/python/test_duckdb_aggregates.py \
               test/python/test_sql_jobs.py test/python/test_sql_sets.py test/python/test_background.py
+# Runs side by side must not share pytest's temporary directory (each session tidies it, and the
+# PostgreSQL of the DuckLake tests lost access to its files when another did).
+PYTEST_TMP := /tmp/streaming_etl-pytest
+PYTEST_20  := $(PY) -m pytest -q test/python
 PYTEST_14  := STREAMING_ETL_EXTENSION=$(CURDIR)/build/release/v1.4/$(EXT).duckdb_extension \
               $(LTS_PY) -m pytest -q test/python/test_lake.py test/python/test_group.py $(CORE_TESTS)
 PYTEST_15  := $(VENV)/old/bin/python -m pytest -q $(CORE_TESTS)
@@ -171,11 +179,13 @@ PYTEST_15  := $(VENV)/old/bin/python -m pytest -q $(CORE_TESTS)
 # its background build is done.
 pytest: background-installs release dist fault tools configure
 	$(STEP) wait-for-fuzz-build $(BG) wait fuzz
-	python3 scripts/side_by_side.py "pytest-2.0.1=$(PY) -m pytest -q test/python -k 'not tansu'" \
-	    "pytest-1.4.4+1.5.6=$(PYTEST_14) -k 'not tansu' && $(PYTEST_15)"
+	python3 scripts/side_by_side.py --step pytest \
+	    "pytest-2.0.1=$(PYTEST_20) -k 'not tansu' --basetemp=$(PYTEST_TMP)/2.0" \
+	    "pytest-1.4.4+1.5.6=$(PYTEST_14) -k 'not tansu' --basetemp=$(PYTEST_TMP)/1.4 && $(PYTEST_15) --basetemp=$(PYTEST_TMP)/1.5"
 	$(STEP) wait-for-tansu $(BG) wait tansu
-	python3 scripts/side_by_side.py "pytest-2.0.1-tansu=$(PY) -m pytest -q test/python -k tansu" \
-	    "pytest-1.4.4-tansu=$(PYTEST_14) -k tansu"
+	python3 scripts/side_by_side.py --step pytest-tansu \
+	    "pytest-2.0.1-tansu=$(PYTEST_20) -k tansu --basetemp=$(PYTEST_TMP)/2.0-tansu" \
+	    "pytest-1.4.4-tansu=$(PYTEST_14) -k tansu --basetemp=$(PYTEST_TMP)/1.4-tansu"
 
 test: background-installs unit sqltest pytest
 

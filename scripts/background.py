@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Long installs that the tests need late (tansu, cargo-fuzz) built in the background at the lowest
-CPU priority while the builds and tests run, so that they take the cores those leave idle instead
-of a quarter hour of their own (docs/development.md: where CI's time goes).
+"""Long installs that the tests need late (tansu, the fuzz targets) built in the background while
+the builds and the first tests run, instead of a quarter hour of their own before them
+(docs/development.md: CI and its budget). Each runs in a session of its own: under the kernel's
+autogroup scheduling it gets an equal share of the cores (its `nice` only orders it within its
+session), so it is done before the tests that need it.
 
     python3 scripts/background.py start <name> <command> [args...]   start it, unless done or running
     python3 scripts/background.py wait <name>                        wait for it; exit with its status

@@ -23,8 +23,9 @@ def report():
         print("no steps recorded")
         return 0
     rows = [line.rstrip("\n").split("\t") for line in open(LOG, encoding="utf-8") if line.strip()]
-    # Steps named background:... ran beside the others; they are not part of the sum.
-    total = sum(float(r[1]) for r in rows if not r[0].startswith("background:"))
+    # Steps named background:... or parallel:... ran beside the others (a parallel group's own
+    # step counts its time once); they are not part of the sum.
+    total = sum(float(r[1]) for r in rows if not r[0].startswith(("background:", "parallel:")))
     width = max(len(r[0]) for r in rows + [["total of the foreground steps"]])
     print(f"{'step':<{width}}  minutes")
     for name, secs, *status in rows:

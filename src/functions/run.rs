@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::error::Error;
 use std::marker::PhantomData;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use duckdb::core::{DataChunkHandle, LogicalTypeHandle};
@@ -202,6 +203,14 @@ impl Runnable for AnyRun {
         match self {
             AnyRun::Single(r) => r.unreachable(),
             // A member's consumer is the group's; its tasks end on their own timeouts.
+            AnyRun::Group(_) => None,
+        }
+    }
+
+    fn interrupter(&self) -> Option<Arc<AtomicBool>> {
+        match self {
+            AnyRun::Single(r) => Some(r.interrupter()),
+            // A member's turns end at the cycle's deadline.
             AnyRun::Group(_) => None,
         }
     }

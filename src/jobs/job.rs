@@ -3,6 +3,7 @@
 //! kept while it is to be resumed after a restart.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -107,6 +108,8 @@ pub struct Job {
     inner: Mutex<Inner>,
     changed: Condvar,
     pub(super) thread: Mutex<Option<JoinHandle<()>>>,
+    /// Ends the current run's cycle early when the job is asked to stop.
+    interrupt: Mutex<Option<Arc<AtomicBool>>>,
 }
 
 fn zero_stats(job: &str) -> RunStats {
@@ -163,8 +166,12 @@ impl Job {
         }
     }
 
-    /// A run started.
-    pub(super) fn run_started(&self) {
+    /// A run started (`interrupt` ends its cycles early).
+    pub(super) fn run_started(&self, interrupt: Option<Arc<AtomicBool>>) {
+        if let (Some(i), true) = (&interrupt, self.stopping().is_some()) {
+            i.store(true, Ordering::Relaxed);
+        }
+        *lock(&self.interrupt) = interrupt;
         let mut inner = self.inner();
         inner.row.state = State::Running;
         inner.row.runs += 1;
@@ -289,6 +296,9 @@ impl Job {
             inner.stop = Some(reason);
         }
         drop(inner);
+        if let Some(i) = lock(&self.interrupt).as_ref() {
+            i.store(true, Ordering::Relaxed);
+        }
         self.changed.notify_all();
     }
 
@@ -387,6 +397,7 @@ pub(super) fn new_job(spec: JobSpec) -> Arc<Job> {
         }),
         changed: Condvar::new(),
         thread: Mutex::new(None),
+        interrupt: Mutex::new(None),
     })
 }
 

@@ -5,6 +5,7 @@
 //! resumes from the checkpoint, so retries keep exactly-once.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use streaming_etl_core::{EtlError, Result};
@@ -24,6 +25,8 @@ pub trait Runnable: Send {
     /// A fault the run rides out without failing (its brokers out of reach): the job shows
     /// `retrying` with it while it lasts.
     fn unreachable(&self) -> Option<String>;
+    /// A flag that ends the run's cycle early once set (None: the cycle runs its course).
+    fn interrupter(&self) -> Option<Arc<AtomicBool>>;
 }
 
 /// Starts the job's next run (from its checkpoint).
@@ -128,7 +131,7 @@ fn runs(
                 break;
             }
         };
-        job.run_started();
+        job.run_started(run.interrupter());
         let end = drive(job, run.as_mut());
         let last = run.stats();
         let dropped = finish_run(run);

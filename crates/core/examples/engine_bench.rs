@@ -83,6 +83,7 @@ fn main() {
             follow: false,
             rolling: false,
             quiet_flush_ms: None,
+            interrupt: None,
         };
         let stop =
             read_cycle(&mut engine, &mut source, &mut state, &limits, &|| 0).unwrap_or_else(|e| {

@@ -10,6 +10,8 @@
 //! itself is one thread's, in this order. (Half of the file is its tests: order, resume,
 //! threads.)
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engine::{Engine, PartitionProgress};
@@ -46,6 +48,9 @@ pub struct CycleLimits {
     pub rolling: bool,
     /// Once every partition has been silent this long (wall clock), close every open window.
     pub quiet_flush_ms: Option<i64>,
+    /// Set by another thread to end the cycle early (a job asked to stop while its source is
+    /// quiet ends at once, not at the cycle's deadline).
+    pub interrupt: Option<Arc<AtomicBool>>,
 }
 
 impl CycleLimits {
@@ -61,14 +66,23 @@ impl CycleLimits {
             follow: false,
             rolling: false,
             quiet_flush_ms: None,
+            interrupt: None,
         }
     }
 
-    /// The stop a clock reading of `now` calls for: the run's deadline first, then the cycle's.
+    /// Whether another thread asked the cycle to end.
+    pub fn interrupted(&self) -> bool {
+        self.interrupt
+            .as_ref()
+            .is_some_and(|i| i.load(Ordering::Relaxed))
+    }
+
+    /// The stop a clock reading of `now` calls for: the run's deadline first, then the cycle's
+    /// (or an interrupt).
     fn deadline_passed(&self, now: Instant) -> Option<Stop> {
         if self.run_deadline.is_some_and(|d| now >= d) {
             Some(Stop::MaxRuntime)
-        } else if now >= self.cycle_deadline {
+        } else if now >= self.cycle_deadline || self.interrupted() {
             Some(Stop::CycleEnd)
         } else {
             None

@@ -555,6 +555,7 @@ impl GroupRun {
                 follow: false,
                 rolling: false,
                 quiet_flush_ms: self.cfg.quiet_flush_ms,
+                interrupt: None,
             };
             self.pool
                 .submit(Box::new(move || lock(&turn).take(limits, &*clock)));

@@ -3,6 +3,7 @@
 //! then read in cycles, each handed to the committer (which makes it durable while the next is
 //! read), until the source is caught up or a limit is reached.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -124,6 +125,8 @@ pub struct Run {
     clock: Arc<dyn Clock>,
     /// Batches the committer is done with, reused so a cycle does not allocate its buffers.
     spare: Vec<Batch>,
+    /// Set by another thread to end the current cycle at once (see [`Run::interrupter`]).
+    interrupt: Arc<AtomicBool>,
     /// Declared before the lock: dropping the run finishes its commits, then frees the job.
     committer: Committer,
     _lock: JobLock,
@@ -313,6 +316,7 @@ impl Run {
             stop: None,
             clock,
             spare: Vec::new(),
+            interrupt: Arc::new(AtomicBool::new(false)),
             committer,
             _lock: lock,
         })
@@ -320,6 +324,13 @@ impl Run {
 
     pub fn is_done(&self) -> bool {
         self.stop.is_some_and(|s| s != Stop::CycleEnd)
+    }
+
+    /// A flag that, once set, ends the cycle in progress early (within a wait of the source,
+    /// 50 ms at most), everything read so far handed to the committer as at any cycle's end:
+    /// how a background job stops without waiting out its cycle.
+    pub fn interrupter(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.interrupt)
     }
 
     /// Reads one checkpoint cycle and hands it to the committer. Returns false once the run is
@@ -349,6 +360,7 @@ impl Run {
                 follow: self.cfg.follow,
                 rolling: self.cfg.rolling,
                 quiet_flush_ms: self.cfg.quiet_flush_ms,
+                interrupt: Some(Arc::clone(&self.interrupt)),
             };
             let read = read_cycle(
                 &mut self.engine,
@@ -358,7 +370,7 @@ impl Run {
                 &wall,
             );
             match read {
-                Ok(Stop::CycleEnd) if Instant::now() < row_due => {
+                Ok(Stop::CycleEnd) if Instant::now() < row_due && !limits.interrupted() => {
                     self.submit()?;
                     self.confirm(false)?;
                 }

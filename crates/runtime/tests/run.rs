@@ -403,3 +403,36 @@ fn an_older_checkpoint_with_its_outbox_is_finished_and_adopted() {
     let rows = c.rows(Some("job")).unwrap();
     assert!(rows.iter().all(|r| r.pending_batches == 0));
 }
+
+#[test]
+fn an_interrupt_ends_a_quiet_follow_cycle_at_once_with_everything_read_kept() {
+    let want = straight();
+    let h = Harness::new();
+    let mut cfg = config(CheckpointLocation::Memory, None, 1000);
+    cfg.follow = true;
+    cfg.checkpoint_interval_ms = 60_000;
+    let mut run = Run::start(Arc::new(cfg), h.env(false).unwrap()).unwrap();
+    let stop = run.interrupter();
+    let asked = std::time::Instant::now();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        stop.store(true, Ordering::Relaxed);
+    });
+    // Everything is read at once, then the cycle waits for more: the interrupt ends it, not its
+    // minute-long deadline.
+    assert!(
+        run.cycle().unwrap(),
+        "the run goes on; only its cycle ended"
+    );
+    let took = asked.elapsed();
+    t.join().unwrap();
+    assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+    assert!(run.stats().events_consumed > 0);
+    drop(run);
+    // What it read is committed: a bounded run of the job reads nothing more and ends where a
+    // straight run ends.
+    let mut cfg = config(CheckpointLocation::Memory, None, 1000);
+    cfg.follow = false;
+    assert_eq!(h.run(cfg, false).unwrap(), "caught_up");
+    assert_eq!(h.tables.snapshot(), want);
+}
