@@ -150,7 +150,7 @@ install: release configure
 # --- testing ---------------------------------------------------------------------------------
 
 # The unit and integration tests (examples are compiled by `make lint`'s clippy, not linked here;
-# the test broker's binary has no tests). tests/artifact.rs, an integration test of the root
+# the test broker's binary has no tests). tests/entrypoint.rs, an integration test of the root
 # package, makes cargo build its library here as `release-main` does: both then share every
 # dependency's artifacts (without it, cargo compiled them twice: 5.6 minutes on a fresh machine).
 unit:

@@ -55,6 +55,11 @@ pub const JOB_COLUMNS: &[ResultColumn<JobRow>] = &[
         get: |r| count(r.runs),
     },
     ResultColumn {
+        name: "threads",
+        ty: ColumnType::BigInt,
+        get: |r| count(r.threads),
+    },
+    ResultColumn {
         name: "cycles",
         ty: ColumnType::BigInt,
         get: |r| count(r.cycles),

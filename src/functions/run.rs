@@ -207,6 +207,13 @@ impl Runnable for AnyRun {
         }
     }
 
+    fn threads(&self) -> usize {
+        match self {
+            AnyRun::Single(r) => r.threads(),
+            AnyRun::Group(r) => r.threads(),
+        }
+    }
+
     fn interrupter(&self) -> Option<Arc<AtomicBool>> {
         match self {
             AnyRun::Single(r) => Some(r.interrupter()),
@@ -241,6 +248,17 @@ impl Lender {
             Lender::Job => host.checkout_for_job(),
         }
     }
+
+    /// The run's threads: a statement's run takes DuckDB's `threads`; background jobs share
+    /// them, a run starting while n jobs of the database run (itself included) taking 1/n of
+    /// them, at least one (answers are the same at any thread count).
+    fn threads(self, host: &Arc<Host>, mut job: JobConfig) -> JobConfig {
+        if self == Lender::Job {
+            let running = host.jobs().alive_besides(&job.job) + 1;
+            job.threads = (job.threads / running).max(1);
+        }
+        job
+    }
 }
 
 /// Opens what a run needs, in an order that never leaves a half-started job behind: the job's
@@ -263,7 +281,7 @@ fn start(bound: &RunBind, host: &Arc<Host>, lender: Lender) -> Result<AnyRun> {
         ),
     };
     let conn = SharedConn::new(lender.checkout(host)?);
-    let job = with_resolver(job, &conn);
+    let job = lender.threads(host, with_resolver(job, &conn));
     let sink = single_sink(plan, catalog, sql, conn);
     Run::start(
         Arc::new(job),
@@ -299,7 +317,7 @@ fn start_group(
 ) -> Result<GroupRun> {
     let job = &plan.job;
     let conn = SharedConn::new(lender.checkout(host)?);
-    let job = &with_resolver(job, &conn);
+    let job = &lender.threads(host, with_resolver(job, &conn));
     let windows = windows_with_partition(&job.engine.schemas().windows);
     // A job written as SQL stages its statements' events (their outputs say where).
     let staging = Staging::of(

@@ -71,6 +71,8 @@ pub struct JobRow {
     pub started_ms: i64,
     pub last_cycle_ms: Option<i64>,
     pub runs: u64,
+    /// The threads of its current (or last) run: its share of DuckDB's `threads`.
+    pub threads: u64,
     pub cycles: u64,
     pub events: u64,
     pub events_per_sec: f64,
@@ -166,8 +168,8 @@ impl Job {
         }
     }
 
-    /// A run started (`interrupt` ends its cycles early).
-    pub(super) fn run_started(&self, interrupt: Option<Arc<AtomicBool>>) {
+    /// A run started (`interrupt` ends its cycles early) on `threads` threads.
+    pub(super) fn run_started(&self, interrupt: Option<Arc<AtomicBool>>, threads: usize) {
         if let (Some(i), true) = (&interrupt, self.stopping().is_some()) {
             i.store(true, Ordering::Relaxed);
         }
@@ -175,6 +177,7 @@ impl Job {
         let mut inner = self.inner();
         inner.row.state = State::Running;
         inner.row.runs += 1;
+        inner.row.threads = threads as u64;
         inner.row.next_run_ms = None;
     }
 
@@ -376,6 +379,7 @@ pub(super) fn new_job(spec: JobSpec) -> Arc<Job> {
                 started_ms,
                 last_cycle_ms: None,
                 runs: 0,
+                threads: 0,
                 cycles: 0,
                 events: 0,
                 events_per_sec: 0.0,

@@ -112,6 +112,14 @@ impl Jobs {
         lock(&self.jobs).values().any(|j| !j.is_finished())
     }
 
+    /// How many jobs other than `name` have a thread alive.
+    pub fn alive_besides(&self, name: &str) -> usize {
+        lock(&self.jobs)
+            .values()
+            .filter(|j| j.name != name && !j.is_finished())
+            .count()
+    }
+
     /// Stops every job for a closing database (they are resumed after a restart), waiting up to
     /// `limit` for them to reach a cycle boundary.
     pub fn stop_all(&self, limit: Duration) {

@@ -25,6 +25,8 @@ pub trait Runnable: Send {
     /// A fault the run rides out without failing (its brokers out of reach): the job shows
     /// `retrying` with it while it lasts.
     fn unreachable(&self) -> Option<String>;
+    /// The threads its parsing and windows use.
+    fn threads(&self) -> usize;
     /// A flag that ends the run's cycle early once set (None: the cycle runs its course).
     fn interrupter(&self) -> Option<Arc<AtomicBool>>;
 }
@@ -131,7 +133,7 @@ fn runs(
                 break;
             }
         };
-        job.run_started(run.interrupter());
+        job.run_started(run.interrupter(), run.threads());
         let end = drive(job, run.as_mut());
         let last = run.stats();
         let dropped = finish_run(run);

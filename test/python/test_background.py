@@ -288,14 +288,18 @@ def test_process_exit_stops_jobs_cleanly_and_load_alone_starts_nothing(tmp_path)
     con.close()
 
 
-def test_eight_jobs_at_once(tmp_path):
+def test_eight_jobs_at_once_sharing_duckdbs_threads(tmp_path):
     con = connect(tmp_path / "many.duckdb")
+    con.execute("SET threads = 8")
     for j in range(8):
         generate(tmp_path / f"d{j}", 20_000, seed=j)
         con.execute(f"SELECT * FROM streaming_etl_run('file:{tmp_path}/d{j}/*.ndjson', 1000, 200, job := 'j{j}', "
                     f"background := true, follow := true, windows_table := 'w{j}', late_table := 'l{j}', "
                     f"dead_letter_table := 'd{j}', checkpoint_interval_ms := 100)").fetchall()
     assert con.execute("SELECT count(*) FROM streaming_etl_jobs() WHERE state = 'running'").fetchall() == [(8,)]
+    # Each run took its share of the 8 threads as it started: 8 / (jobs running, itself included).
+    threads = [r[0] for r in con.execute("SELECT threads FROM streaming_etl_jobs() ORDER BY job").fetchall()]
+    assert threads == [max(1, 8 // (j + 1)) for j in range(8)], threads
     for j in range(8):
         wait_for(con, f"j{j}", lambda r: r["events_consumed"] == 20_000 and r["lag"] == 0)
     for j in range(8):

@@ -697,6 +697,11 @@ impl GroupRun {
         Ok(())
     }
 
+    /// The threads the run's parsing and windows use.
+    pub fn threads(&self) -> usize {
+        self.cfg.threads
+    }
+
     /// How far the member's partitions are behind the high watermarks its consumer last saw
     /// (messages); None before any partition is assigned.
     pub fn lag(&self) -> Option<i64> {

@@ -469,6 +469,11 @@ impl Run {
         Ok(())
     }
 
+    /// The threads the run's parsing and windows use.
+    pub fn threads(&self) -> usize {
+        self.cfg.threads
+    }
+
     /// How far the run is behind its source: the sum over its partitions of what the source
     /// knows past the run's position (Kafka: messages below the high watermark; files: bytes
     /// not yet read); None when the source knows no end.
