@@ -179,6 +179,7 @@ PYTEST_15  := $(VENV)/old/bin/python -m pytest -q $(CORE_TESTS)
 # its background build is done.
 pytest: background-installs release dist fault tools configure
 	$(STEP) wait-for-fuzz-build $(BG) wait fuzz
+	mkdir -p $(PYTEST_TMP)
 	python3 scripts/side_by_side.py --step pytest \
 	    "pytest-2.0.1=$(PYTEST_20) -k 'not tansu' --basetemp=$(PYTEST_TMP)/2.0" \
 	    "pytest-1.4.4+1.5.6=$(PYTEST_14) -k 'not tansu' --basetemp=$(PYTEST_TMP)/1.4 && $(PYTEST_15) --basetemp=$(PYTEST_TMP)/1.5"
