@@ -202,16 +202,20 @@ def call_of(spec, named):
 
 
 class Job:
-    def __init__(self, spec, log):
+    def __init__(self, spec, log, again=False):
         self.started = time.time()
         self.samples = []
         self.rows = 0
+        self.serving = None
         if spec.get("background"):
             # The service runner: it starts the job in the background and waits, no statement open.
             jobs_sql = os.path.join(os.path.dirname(spec["db"]), "jobs.sql")
             with open(jobs_sql, "w") as f:
                 f.write((spec.get("setup") or "") + ";\n" + f"SELECT * FROM {call_of(spec, spec['named'])};\n")
-            cmd = [sys.executable, os.path.join(ROOT, "scripts", "serve.py"), spec["db"], "--sql", jobs_sql,
+            # Started again after a kill, it resumes what the last process left running, as a
+            # service's restart would (`--resume`: streaming_etl_resume()).
+            start = ["--resume"] if again else ["--sql", jobs_sql]
+            cmd = [sys.executable, os.path.join(ROOT, "scripts", "serve.py"), spec["db"], *start,
                    "--extension", ext_path(), "--status-every", "10"]
             if spec.get("extension_directory"):
                 cmd += ["--config", f"extension_directory={spec['extension_directory']}"]
@@ -237,6 +241,9 @@ class Job:
 
     def read(self):
         for line in self.proc.stdout:
+            if line.startswith("serving "):  # serve.py: "serving N job(s); ..."
+                self.serving = int(line.split()[1])
+                continue
             try:
                 obj = json.loads(line)
             except ValueError:
@@ -273,7 +280,10 @@ def final_run(spec):
     w, late, dead = spec["tables"]
     count = spec.get("count_column", "count")
     counted = con.execute(f"SELECT coalesce(sum({count}), 0) FROM {w}").fetchall()[0][0]
-    late_n = con.execute(f"SELECT count(*) FROM {late}").fetchall()[0][0]
+    # A late event that updated its window's row (`late_updates_ms`, applied) is counted there.
+    late_cols = {r[0] for r in con.execute(f"DESCRIBE {late}").fetchall()}
+    not_applied = " WHERE NOT coalesce(applied, false)" if "applied" in late_cols else ""
+    late_n = con.execute(f"SELECT count(*) FROM {late}{not_applied}").fetchall()[0][0]
     dead_n = con.execute(f"SELECT count(*) FROM {dead}").fetchall()[0][0]
     keys = spec.get("window_key", "key, window_start_ms")
     dup_w = con.execute(f"SELECT count(*) FROM (SELECT {keys} FROM {w} GROUP BY ALL HAVING count(*) > 1)").fetchall()[0][0]
@@ -369,11 +379,11 @@ def soak(variant, minutes, rate, kill_every, prepared, label=None):
             # The job ended by itself (a failed commit while the catalog was away): a service
             # manager starts it again.
             restarts += 1
-            jobs.append(Job(spec, log))
+            jobs.append(Job(spec, log, again=True))
         elif now >= next_kill and now < end - 30:
             job.kill()
             kills += 1
-            jobs.append(Job(spec, log))
+            jobs.append(Job(spec, log, again=True))
             next_kill = now + kill_every
         if not fault_done and now >= began + minutes * 30:
             fault_done = True
@@ -416,11 +426,13 @@ def soak(variant, minutes, rate, kill_every, prepared, label=None):
                 out = g if out is None else max(out, g)
         return None if out is None else round(out, 1)
 
+    # A background job started again must have been resumed (else the last run did all the work).
+    resumed_all = all(j.serving == 1 for j in jobs) if background else True
     result = {
         "variant": label or ("foreground: " + what + (", PREPARE/EXECUTE" if prepared else "")),
         "minutes": minutes, "rate": rate,
         "sent": sent, "accounted": accounted, "exact": accounted == sent and not acct["duplicate_windows"]
-        and not acct["duplicate_late"], **acct, "kills": kills, "restarts_after_fault": restarts,
+        and not acct["duplicate_late"] and resumed_all, **acct, "every_restart_resumed_its_job": resumed_all, "kills": kills, "restarts_after_fault": restarts,
         "fault": {"kafka": "broker down 10 s", "lake": "PostgreSQL killed and restarted"}.get(variant, "-"),
         "wal_peak_mb": peak(samples, "wal_mb"), "wal_peak_first_run_mb": peak(first, "wal_mb"),
         "wal_peak_later_runs_mb": peak(later, "wal_mb"), "tmp_peak_mb": peak(samples, "tmp_mb"),
