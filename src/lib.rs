@@ -21,10 +21,11 @@ mod sql;
 use duckdb::Connection;
 
 use crate::functions::batch::{self, BatchFunction};
+use crate::functions::bound::{ParameterForm, SqlForm};
 use crate::functions::checkpoint::CheckpointFunction;
 use crate::functions::jobs::JobsFunction;
 use crate::functions::resume::ResumeFunction;
-use crate::functions::run::{ParameterForm, RunFunction, SqlForm};
+use crate::functions::run::RunFunction;
 use crate::functions::stop::StopFunction;
 use crate::host::connections::{Host, POOL_SIZE};
 

@@ -12,9 +12,10 @@ use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
 use streaming_etl_core::{EtlError, Result};
 use streaming_etl_runtime::checkpoint::Checkpoint;
 
+use super::bound::{bind_run, RunBind};
 use super::jobs::{Rows, JOB_COLUMNS};
 use super::result::add_columns;
-use super::run::{bind_run, start_background, FirstRun, RunBind};
+use super::run::{start_background, FirstRun};
 use crate::host::args::Args;
 use crate::host::connections::Host;
 use crate::host::entry;
