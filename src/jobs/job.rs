@@ -170,10 +170,12 @@ impl Job {
 
     /// A run started (`interrupt` ends its cycles early) on `threads` threads.
     pub(super) fn run_started(&self, interrupt: Option<Arc<AtomicBool>>, threads: usize) {
+        // Kept before stopping() is read, as ask_stop sets the stop before it reads this: a stop
+        // asked meanwhile is seen by one of the two.
+        *lock(&self.interrupt) = interrupt.clone();
         if let (Some(i), true) = (&interrupt, self.stopping().is_some()) {
             i.store(true, Ordering::Relaxed);
         }
-        *lock(&self.interrupt) = interrupt;
         let mut inner = self.inner();
         inner.row.state = State::Running;
         inner.row.runs += 1;
