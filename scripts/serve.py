@@ -18,6 +18,7 @@ while it runs (DuckDB's lock); read its tables through this process, or stop it 
 import argparse
 import signal
 import sys
+import threading
 import time
 
 import duckdb
@@ -81,8 +82,18 @@ def main():
 
     config = {"allow_unsigned_extensions": "true"}
     config.update(kv.split("=", 1) for kv in args.config)
-    # Block the signals before anything starts, so they wait for sigwait below.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    # Handlers before anything starts: a signal is then noted whichever thread the kernel hands it
+    # to (with the signals blocked in this thread instead, a test's service once died of its
+    # SIGTERM: some thread had not blocked it).
+    asked = threading.Event()
+    got = []
+
+    def on_signal(signo, _frame):
+        got.append(signo)
+        asked.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     con = duckdb.connect(args.database, config=config)
     ext = args.extension
     con.execute(f"LOAD '{ext}'" if "/" in ext or ext.endswith(".duckdb_extension") else f"LOAD {ext}")
@@ -104,9 +115,8 @@ def main():
     code = 0
     while True:
         wait = args.status_every if args.status_every > 0 else 5.0
-        got = signal.sigtimedwait({signal.SIGTERM, signal.SIGINT}, wait)
-        if got is not None:
-            print(f"signal {signal.Signals(got.si_signo).name}: stopping", flush=True)
+        if asked.wait(wait):
+            print(f"signal {signal.Signals(got[0]).name}: stopping", flush=True)
             break
         rows = jobs(con)
         if args.status_every > 0:
