@@ -17,6 +17,7 @@ use crate::params::{
 };
 use crate::sink::catalog::OutputCatalog;
 use crate::sink::duck_sink::DuckSink;
+use crate::sink::owners::Owner;
 use crate::sink::sql_cycle::SqlOutput;
 use crate::sink::staged::{staged_table, Staging};
 use crate::sql::SqlJob;
@@ -100,6 +101,21 @@ pub(super) fn single_sink(
     )
     .with_staging(staging)
     .with_sql(sql)
+    .with_owner(owner(plan))
+}
+
+/// The job as its tables are claimed for it (see `sink::owners`).
+pub(super) fn owner(plan: &RunPlan) -> Owner {
+    Owner {
+        job: plan.job.job.clone(),
+        shape: crate::sink::owners::describe(&plan.job.engine),
+        checkpoint: if plan.subscribe {
+            // (A `subscribe` job keeps its state beside its tables.)
+            String::new()
+        } else {
+            plan.job.checkpoint.shown().to_string()
+        },
+    }
 }
 
 /// Plans a job written as SQL with DuckDB (its typed columns, then its statement, which sets

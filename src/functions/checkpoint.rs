@@ -1,10 +1,11 @@
 //! `streaming_etl_checkpoint()` (also `CALL streaming_etl_checkpoint()`): one row per job and
 //! partition of the checkpoint, read without changing it: next offset, partition and global
 //! watermarks, open windows, output not yet confirmed in DuckDB, last update, and the lag where
-//! the source knew its end offset (bytes for files, messages for Kafka).
+//! the source knew its end offset (bytes for files, messages for Kafka), and the checkpoint
+//! file. Without `checkpoint :=`, the jobs run with a checkpoint of their own show too.
 
 use std::error::Error;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use duckdb::core::{DataChunkHandle, LogicalTypeHandle};
 use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
@@ -13,10 +14,13 @@ use streaming_etl_runtime::checkpoint::{inspect, CheckpointRow};
 use streaming_etl_runtime::config::CheckpointLocation;
 
 use super::result::{add_columns, write_rows, ResultColumn};
+use crate::host::connections::Host;
 use crate::host::entry;
 use crate::host::sandbox::Sandbox;
 use crate::host::sql_error::contained;
-use crate::params::{checkpoint_job, checkpoint_location, CHECKPOINT_PARAMS};
+use crate::params::{checkpoint_job, checkpoint_location, checkpoint_named, CHECKPOINT_PARAMS};
+use crate::sink::owners;
+use streaming_etl_core::Result;
 
 fn opt(v: Option<i64>) -> Cell<'static> {
     v.map_or(Cell::Null, Cell::I64)
@@ -107,13 +111,44 @@ pub const CHECKPOINT_COLUMNS: &[ResultColumn<CheckpointRow>] = &[
             Some(s) => Cell::Str(s),
         },
     },
+    ResultColumn {
+        name: "checkpoint",
+        ty: ColumnType::Varchar,
+        get: |r| Cell::Str(&r.checkpoint),
+    },
 ];
 
 pub struct CheckpointFunction;
 
 pub struct Inspect {
-    location: CheckpointLocation,
+    /// The checkpoint asked for (or the database's), then the others its jobs recorded.
+    locations: Vec<CheckpointLocation>,
     job: Option<String>,
+}
+
+/// The checkpoint asked for; without `checkpoint :=`, also every other checkpoint file the
+/// jobs writing into this database recorded beside their tables (`sink::owners`), those the
+/// sandbox allows and that still exist.
+fn locations(bind: &BindInfo, host: &Arc<Host>) -> Result<Vec<CheckpointLocation>> {
+    let sandbox = Sandbox::read(bind);
+    let first = checkpoint_location(bind, host.db_path(), &sandbox)?;
+    let named = checkpoint_named(bind)?;
+    let mut out = vec![first];
+    if named {
+        return Ok(out);
+    }
+    let pooled = host.checkout()?;
+    for path in owners::recorded_checkpoints(pooled.conn()?)? {
+        let location = CheckpointLocation::File(path.clone());
+        if out.contains(&location)
+            || sandbox.check_checkpoint(&path).is_err()
+            || !std::path::Path::new(&path).exists()
+        {
+            continue;
+        }
+        out.push(location);
+    }
+    Ok(out)
 }
 
 pub struct CheckpointScan {
@@ -130,7 +165,7 @@ impl VTab for CheckpointFunction {
             let host = entry::bind_host(bind).ok_or(EtlError::Detached)?;
             host.touch();
             let inspect = Inspect {
-                location: checkpoint_location(bind, host.db_path(), &Sandbox::read(bind))?,
+                locations: locations(bind, &host)?,
                 job: checkpoint_job(bind)?,
             };
             add_columns(bind, CHECKPOINT_COLUMNS);
@@ -158,8 +193,12 @@ impl VTab for CheckpointFunction {
             if slot.is_none() {
                 let host = entry::func_host(func).ok_or(EtlError::Detached)?;
                 let bind = func.get_bind_data();
-                let memory = host.existing_memory_checkpoint();
-                *slot = Some((inspect(&bind.location, memory, bind.job.as_deref())?, 0));
+                let mut rows = Vec::new();
+                for location in &bind.locations {
+                    let memory = host.existing_memory_checkpoint();
+                    rows.extend(inspect(location, memory, bind.job.as_deref())?);
+                }
+                *slot = Some((rows, 0));
             }
             let Some((rows, next)) = slot.as_mut() else {
                 return Ok(());

@@ -23,7 +23,7 @@ use crate::host::sandbox::Sandbox;
 use crate::host::sql_error::contained;
 use crate::jobs::call::Call;
 use crate::jobs::job::{JobRow, JobSpec};
-use crate::params::{jobs_record, CHECKPOINT_PARAMS};
+use crate::params::{checkpoint_named, jobs_record, CHECKPOINT_PARAMS};
 
 pub struct ResumeFunction;
 
@@ -111,6 +111,25 @@ impl VTab for ResumeFunction {
             let host = entry::bind_host(bind).ok_or(EtlError::Detached)?;
             host.touch();
             let record = jobs_record(bind, host.db_path(), &Sandbox::read(bind), true)?;
+            if let Some(path) = record.as_deref() {
+                if checkpoint_named(bind)? && !std::path::Path::new(path).exists() {
+                    return Err(EtlError::invalid(
+                        "checkpoint",
+                        "no such file: it would record the jobs to resume (the database's checkpoint, or the one they were started with)",
+                        format!("'{path}'"),
+                    ));
+                }
+            }
+            if let Some(path) = record.as_deref() {
+                let n = Checkpoint::active_background(path)?.len();
+                if n > 0 && host.read_only()? {
+                    return Err(EtlError::invalid(
+                        "checkpoint",
+                        format!("records {n} job(s) to resume, which write this database, and it is open read-only (access_mode = 'read_only'): resume them from a read-write open"),
+                        format!("'{path}'"),
+                    ));
+                }
+            }
             let jobs = match record {
                 Some(path) => bind_recorded(&host, bind, &path)?,
                 None => Vec::new(),

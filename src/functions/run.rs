@@ -141,11 +141,10 @@ impl Runnable for AnyRun {
         }
     }
 
-    fn unreachable(&self) -> Option<String> {
+    fn unreachable(&mut self) -> Option<String> {
         match self {
             AnyRun::Single(r) => r.unreachable(),
-            // A member's consumer is the group's; its tasks end on their own timeouts.
-            AnyRun::Group(_) => None,
+            AnyRun::Group(r) => r.unreachable(),
         }
     }
 
@@ -159,8 +158,15 @@ impl Runnable for AnyRun {
     fn interrupter(&self) -> Option<Arc<AtomicBool>> {
         match self {
             AnyRun::Single(r) => Some(r.interrupter()),
-            // A member's turns end at the cycle's deadline.
-            AnyRun::Group(_) => None,
+            AnyRun::Group(r) => Some(r.interrupter()),
+        }
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        match self {
+            AnyRun::Single(r) => r.finish(),
+            // A member's cycle commits before it returns.
+            AnyRun::Group(_) => Ok(()),
         }
     }
 }
@@ -279,7 +285,8 @@ fn start_group(
         plan.compaction,
     )
     .with_staging(staging)
-    .with_sql(SqlOutput::for_job(sql, &job.engine, true));
+    .with_sql(SqlOutput::for_job(sql, &job.engine, true))
+    .with_owner(super::bound::owner(plan));
     let SourceSpec::Kafka { topic } = &plan.source else {
         return Err(EtlError::Internal("subscribe without a Kafka topic".into()));
     };
@@ -398,6 +405,9 @@ pub fn start_background(host: &Arc<Host>, bound: &RunBind, first: FirstRun) -> R
     let name = bound.job().to_string();
     let jobs = host.jobs();
     jobs.check_free(&name)?;
+    if first != FirstRun::MayRetry {
+        host.check_room_for_job()?;
+    }
     host.job_starting();
     let again = bound.clone();
     let job_host = Arc::clone(host);

@@ -4,6 +4,7 @@
 //! only taken off the record. An unknown name is an error naming it.
 
 use std::error::Error;
+use std::sync::Arc;
 
 use duckdb::core::{DataChunkHandle, LogicalTypeHandle, LogicalTypeId};
 use duckdb::vtab::{BindInfo, InitInfo, TableFunctionInfo, VTab};
@@ -13,11 +14,12 @@ use streaming_etl_runtime::checkpoint::Checkpoint;
 use super::jobs::{Rows, JOB_COLUMNS};
 use super::result::add_columns;
 use crate::host::args::{shown, Arg, Args};
+use crate::host::connections::Host;
 use crate::host::entry;
 use crate::host::sandbox::Sandbox;
 use crate::host::sql_error::contained;
 use crate::jobs::call::Call;
-use crate::jobs::job::{now_ms, JobRow, JobSpec, State};
+use crate::jobs::job::{now_ms, JobRow, JobSpec};
 use crate::jobs::registry::Jobs;
 use crate::params::{jobs_record, CHECKPOINT_PARAMS};
 
@@ -43,9 +45,9 @@ fn job_name(args: &dyn Args) -> Result<String> {
 }
 
 /// Stops the job `name` of this process, or takes a job an earlier process recorded off the
-/// record.
-fn stop(jobs: &Jobs, name: &str, record: Option<&str>) -> Result<JobRow> {
-    if let Some(row) = jobs.stop(name) {
+/// record (not on a read-only open, which writes nothing).
+fn stop(host: &Arc<Host>, name: &str, record: Option<&str>) -> Result<JobRow> {
+    if let Some(row) = host.jobs().stop(name) {
         return Ok(row);
     }
     if let Some(path) = record {
@@ -53,6 +55,15 @@ fn stop(jobs: &Jobs, name: &str, record: Option<&str>) -> Result<JobRow> {
             .into_iter()
             .find(|r| r.job == name);
         if let Some(r) = recorded {
+            if host.read_only()? {
+                return Err(EtlError::invalid(
+                    "name",
+                    format!(
+                        "names a job an earlier process recorded to be resumed (in '{path}'); the database is open read-only, which writes nothing: take it off the record from a read-write open"
+                    ),
+                    format!("'{name}'"),
+                ));
+            }
             Checkpoint::open_file(path)?.deactivate_background(name, now_ms())?;
             let spec = JobSpec {
                 name: name.to_string(),
@@ -60,10 +71,7 @@ fn stop(jobs: &Jobs, name: &str, record: Option<&str>) -> Result<JobRow> {
                 record: None,
                 every_ms: None,
             };
-            let mut row = jobs.insert_failed(spec, &EtlError::Internal(String::new()));
-            row.state = State::Stopped;
-            row.last_error = None;
-            return Ok(row);
+            return Ok(Jobs::stopped_unlisted(spec));
         }
     }
     Err(EtlError::invalid(
@@ -101,7 +109,7 @@ impl VTab for StopFunction {
             func.get_init_data().emit(output, JOB_COLUMNS, || {
                 let host = entry::func_host(func).ok_or(EtlError::Detached)?;
                 let b = func.get_bind_data();
-                Ok(vec![stop(host.jobs(), &b.name, b.record.as_deref())?])
+                Ok(vec![stop(&host, &b.name, b.record.as_deref())?])
             })
         })?)
     }

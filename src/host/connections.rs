@@ -233,6 +233,38 @@ impl Host {
         }
     }
 
+    /// Refuses a new background job when no connection is left for it (one stays free for the
+    /// user's statements), naming how many run.
+    pub fn check_room_for_job(&self) -> Result<()> {
+        let pool = lock(&self.pool);
+        if pool.len() >= 2 {
+            return Ok(());
+        }
+        let jobs = self.lent_to_jobs.load(Ordering::SeqCst);
+        Err(EtlError::invalid(
+            "background",
+            format!(
+                "{jobs} background jobs run in this database, and the extension has {} connections to it (opened when it loaded), one of which stays free for your statements; stop a job (streaming_etl_stop), or run this one in another process",
+                self.size.load(Ordering::SeqCst)
+            ),
+            true,
+        ))
+    }
+
+    /// Whether the database is open read-only (`access_mode = 'read_only'`): nothing is to be
+    /// written, neither its tables nor its checkpoint files.
+    pub fn read_only(self: &Arc<Self>) -> Result<bool> {
+        let pooled = self.checkout()?;
+        pooled
+            .conn()?
+            .query_row(
+                "SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()",
+                [],
+                |r| r.get::<_, bool>(0),
+            )
+            .map_err(|e| EtlError::Duck(e.to_string()))
+    }
+
     /// Borrows a connection for a background job's run. It never waits, and never takes the
     /// last free connection (the user's statements and the watcher need one).
     pub fn checkout_for_job(self: &Arc<Self>) -> Result<PooledConn> {

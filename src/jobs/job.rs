@@ -236,6 +236,14 @@ impl Job {
             d.late_events += s.late_events;
             d.dead_letters += s.dead_letters;
             d.cycles += s.cycles;
+            // The run's last counts (its cycles committed as it ended) are the row's.
+            let d = inner.done.clone();
+            let row = &mut inner.row;
+            row.events = d.events_consumed;
+            row.windows_emitted = d.windows_emitted;
+            row.late_events = d.late_events;
+            row.dead_letters = d.dead_letters;
+            row.cycles = d.cycles;
         }
         if status.is_some() {
             inner.row.last_status = status;

@@ -64,6 +64,14 @@ impl Jobs {
         row
     }
 
+    /// The row of a job an earlier process recorded, taken off the record without running here:
+    /// shown by the call that stopped it, and listed nowhere after.
+    pub fn stopped_unlisted(spec: JobSpec) -> JobRow {
+        let mut row = new_job(spec).row();
+        row.state = State::Stopped;
+        row
+    }
+
     /// Starts a job's thread, with its first run already started (`first`), or with the fault
     /// that kept it from starting (it is retried after the backoff when transient).
     pub fn spawn(

@@ -24,11 +24,13 @@ pub trait Runnable: Send {
     fn lag(&self) -> Option<i64>;
     /// A fault the run rides out without failing (its brokers out of reach): the job shows
     /// `retrying` with it while it lasts.
-    fn unreachable(&self) -> Option<String>;
+    fn unreachable(&mut self) -> Option<String>;
     /// The threads its parsing and windows use.
     fn threads(&self) -> usize;
     /// A flag that ends the run's cycle early once set (None: the cycle runs its course).
     fn interrupter(&self) -> Option<Arc<AtomicBool>>;
+    /// Waits for the cycles still being committed, so that `stats` counts all of them.
+    fn finish(&mut self) -> Result<()>;
 }
 
 /// Starts the job's next run (from its checkpoint).
@@ -134,7 +136,13 @@ fn runs(
             }
         };
         job.run_started(run.interrupter(), run.threads());
-        let end = drive(job, run.as_mut());
+        let mut end = drive(job, run.as_mut());
+        // The cycles still being committed count in the run's last row (a failed one does not).
+        if let Err(e) = contained(|| run.finish()) {
+            if !matches!(end, RunEnd::Fault(_)) {
+                end = RunEnd::Fault(e);
+            }
+        }
         let last = run.stats();
         let dropped = finish_run(run);
         let status = match &end {

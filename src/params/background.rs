@@ -70,9 +70,14 @@ pub fn every_ms(text: &str) -> Result<i64> {
             _ => return Err(bad("is not an interval")),
         };
     }
-    let ms = total_us / 1000;
-    if ms <= 0 {
+    if total_us <= 0 {
         return Err(bad("must be longer than 0"));
+    }
+    let ms = total_us / 1000;
+    if ms == 0 {
+        return Err(bad(
+            "is shorter than a millisecond, the smallest step of a schedule (a run takes longer than that anyway)",
+        ));
     }
     i64::try_from(ms).map_err(|_| bad("is too long"))
 }
@@ -116,8 +121,12 @@ mod tests {
         assert_eq!(every_ms("00:00:01.5").unwrap(), 1_500);
         assert_eq!(
             every_ms("00:00:00.000999").unwrap_err().to_string(),
-            "invalid parameter 'every': must be longer than 0 (got '00:00:00.000999')"
+            "invalid parameter 'every': is shorter than a millisecond, the smallest step of a schedule (a run takes longer than that anyway) (got '00:00:00.000999')"
         );
+        assert!(every_ms("00:00:00.000001")
+            .unwrap_err()
+            .to_string()
+            .contains("shorter than a millisecond"));
         assert_eq!(every_ms("1 day -01:00:00").unwrap(), 23 * 3_600_000);
     }
 

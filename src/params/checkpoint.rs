@@ -72,6 +72,13 @@ fn resolve(
     })
 }
 
+/// Whether a call names its checkpoint (`checkpoint :=`).
+pub fn checkpoint_named(args: &dyn Args) -> Result<bool> {
+    Ok(Given::read(args, CHECKPOINT_PARAMS)
+        .text(ParamId::Checkpoint)?
+        .is_some())
+}
+
 /// The `job` argument of `streaming_etl_checkpoint`.
 pub fn checkpoint_job(args: &dyn Args) -> Result<Option<String>> {
     Given::read(args, CHECKPOINT_PARAMS).text(ParamId::Job)

@@ -16,7 +16,7 @@ mod table;
 mod time;
 mod windows;
 
-pub use checkpoint::{checkpoint_job, checkpoint_location, jobs_record};
+pub use checkpoint::{checkpoint_job, checkpoint_location, checkpoint_named, jobs_record};
 pub use columns::EVENT_TIME;
 pub use kafka::{KafkaParams, RegistryParams};
 pub use output::{Compaction, WriteMode};

@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use streaming_etl_core::{
-    AggSpec, ByTable, EngineConfig, EtlError, Result, Schemas, TimeSpec, DEFAULT_KEY_FIELD,
+    AggSpec, ByTable, EngineConfig, EtlError, Result, Schemas, TimeSpec, TypedColumn,
+    DEFAULT_KEY_FIELD,
 };
 use streaming_etl_runtime::config::JobConfig;
 
@@ -180,7 +181,12 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let value_field = given.field(ParamId::ValueField, "payload.value")?;
     let tables = parse_tables(&given)?;
     let window = parse_window(&given, window_ms)?;
-    let columns = parse_columns(&given)?;
+    let mut columns = parse_columns(&given)?;
+    if sql.is_some() && !columns.iter().any(|c| c.name.eq_ignore_ascii_case("key")) {
+        // The stream's `key`, as the parameter form reads its key (read only by a statement
+        // that names it).
+        columns.push(TypedColumn::message_key(key_field.clone()));
+    }
     let (keys, default_key, aggregates) = match &sql {
         Some(_) => (Vec::new(), false, AggSpec::defaults(&value_field)),
         None => parse_keys_and_aggregates(&given, &key_field, &value_field, &columns)?,
@@ -275,6 +281,13 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         return Err(EtlError::invalid(
             given.name(ParamId::Subscribe),
             "cannot be combined with 'partitions': the consumer group assigns the partitions",
+            true,
+        ));
+    }
+    if job_config.flush && job_config.follow {
+        return Err(EtlError::invalid(
+            given.name(ParamId::Flush),
+            "closes every open window once the input is caught up, and a follow run never ends caught up; quiet_flush_ms closes the windows of a stream that goes quiet",
             true,
         ));
     }

@@ -24,17 +24,18 @@
 use std::collections::HashMap;
 
 use duckdb::Connection;
-use streaming_etl_core::{ByTable, EtlError, OutputSchemas, Result};
-use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
+use streaming_etl_core::{ByTable, EtlError, OutputSchemas, Result, TableSchema};
+use streaming_etl_runtime::sink::{Output, OutputSink, Tables, Written};
 
 use super::catalog::OutputCatalog;
 use super::insert::{insert, insert_staged, Part, StagedPart, Verb};
 use super::lake::{compact, with_retry};
+use super::owners::{self, Claims, Owner, JOB_COLUMN};
 use super::sql_cycle::{add_output_column, Cycle, SqlOutput};
 use super::staged::{ensure_staged_table, Staging};
 use super::tables::{ensure_table, revision_columns, sink_error};
 use crate::host::connections::SharedConn;
-use crate::params::{Compaction, TableName, WriteMode};
+use crate::params::{quote_literal, Compaction, TableName, WriteMode};
 
 /// The table that records, per job, the last batch applied.
 pub const MARKER_TABLE: &str = "streaming_etl_batches";
@@ -59,8 +60,12 @@ pub struct DuckSink {
     /// The catalog they are in (resolved at bind time).
     catalog: OutputCatalog,
     compaction: Option<Compaction>,
-    /// Per set of tables: how each takes rows, and the marker table.
-    prepared: HashMap<Tables, (ByTable<Keys>, String)>,
+    /// Per set of tables: how each takes rows, the marker table, and which tables carry the
+    /// job in a column (late events and dead letters that jobs share).
+    prepared: HashMap<Tables, Prepared>,
+    /// The job its tables are claimed for, and its claims (see `owners`).
+    owner: Owner,
+    claims: Claims,
     /// The aggregates DuckDB computes over the job's staged events, if it has any.
     staging: Option<Staging>,
     /// A job written as SQL: its statements' outputs.
@@ -82,9 +87,17 @@ impl DuckSink {
             catalog,
             compaction,
             prepared: HashMap::new(),
+            owner: Owner::default(),
+            claims: Claims::default(),
             staging: None,
             sql: Vec::new(),
         }
+    }
+
+    /// The job the tables are claimed for, and written under.
+    pub fn with_owner(mut self, owner: Owner) -> DuckSink {
+        self.owner = owner;
+        self
     }
 
     /// A sink for a job written as SQL (see `sql_cycle`).
@@ -130,6 +143,103 @@ impl DuckSink {
     }
 }
 
+impl DuckSink {
+    /// Makes the tables (and the staged events' tables) as missing; returns how each takes rows.
+    /// A late or dead table is made with the job's column, which lets jobs share it; one made
+    /// before that column existed is written as it is.
+    fn create_tables(
+        &self,
+        conn: &Connection,
+        tables: &Tables,
+        schemas: &OutputSchemas,
+    ) -> Result<ByTable<Keys>> {
+        let catalog_keys = self.catalog.has_keys();
+        let mut keys = ByTable::<Keys>::default();
+        let sql = self.sql_for(tables);
+        let sql_schemas = sql.first().map(|s| ByTable {
+            windows: s.target.without_key(),
+            late: SqlOutput::late_schema(&schemas.late),
+            dead: schemas.dead.clone(),
+        });
+        if !sql.is_empty() {
+            add_output_column(conn, &tables.late)?;
+        }
+        let schemas = sql_schemas.as_ref().unwrap_or(schemas);
+        for (i, ((table, schema), k)) in tables
+            .as_ref()
+            .zip(schemas.as_ref())
+            .zip(keys.as_mut())
+            .into_iter()
+            .enumerate()
+        {
+            let shared = i > 0 && !owners::lacks_job_column(conn, table);
+            let schema = with_job(schema, shared.then_some(""));
+            let declared = match self.mode {
+                WriteMode::Upsert => schema,
+                WriteMode::Append => schema.without_key(),
+            };
+            // Two jobs creating a lake's table at once conflict; the one that retries finds it.
+            let mut primary = false;
+            with_retry(table, || {
+                primary = ensure_table(conn, table, &declared, catalog_keys).inspect_err(|_| {
+                    let _ = conn.execute_batch("ROLLBACK");
+                })?;
+                Ok(())
+            })?;
+            *k = match (primary, self.mode) {
+                (true, _) => Keys::Primary,
+                (false, WriteMode::Upsert) if !catalog_keys => Keys::Merge,
+                _ => Keys::None,
+            };
+        }
+        for s in sql.iter().skip(1) {
+            // The other statements' targets, as the first's (the windows table's place).
+            let table = s.stmt.target.sql();
+            with_retry(&table, || {
+                ensure_table(conn, &table, &s.target.without_key(), catalog_keys)
+                    .inspect_err(|_| {
+                        let _ = conn.execute_batch("ROLLBACK");
+                    })
+                    .map(drop)
+            })?;
+        }
+        if let (false, WriteMode::Upsert) = (sql.is_empty(), self.mode) {
+            // A statement's target has no primary key (its GROUP BY keys may be NULL): rows
+            // are matched on them with NULLs equal.
+            keys.windows = Keys::Merge;
+        }
+        let stagings = self
+            .staging_for(tables)
+            .into_iter()
+            .chain(sql.iter().filter_map(SqlOutput::staging));
+        for staging in stagings {
+            with_retry(&staging.table, || {
+                ensure_staged_table(conn, staging).inspect_err(|_| {
+                    let _ = conn.execute_batch("ROLLBACK");
+                })
+            })?;
+        }
+        Ok(keys)
+    }
+}
+
+/// How a set of tables was prepared.
+#[derive(Debug, Clone)]
+struct Prepared {
+    keys: ByTable<Keys>,
+    marker: String,
+    /// Late events and dead letters carry the job in a column (and their key).
+    jobbed: ByTable<bool>,
+}
+
+/// A late or dead table's shape as written: with the job's column when the table has it.
+pub(crate) fn with_job(schema: &TableSchema, job: Option<&str>) -> TableSchema {
+    match job {
+        Some(j) => schema.with_given(JOB_COLUMN, "VARCHAR", &quote_literal(j), true),
+        None => schema.clone(),
+    }
+}
+
 /// How a batch meets its tables.
 struct WritePlan<'a> {
     /// How each table takes rows.
@@ -143,6 +253,12 @@ struct WritePlan<'a> {
     prune_marker: bool,
     staging: Option<&'a Staging>,
     sql: &'a [SqlOutput],
+    /// The late and dead tables' shapes as written (with the job's column where they have it).
+    schemas: ByTable<TableSchema>,
+    /// The job, where the late table carries it.
+    late_job: Option<&'a str>,
+    /// The job's claims on its tables, when this commit records them.
+    claims: Option<(&'a Owner, &'a Claims)>,
 }
 
 impl WritePlan<'_> {
@@ -157,10 +273,14 @@ impl WritePlan<'_> {
 }
 
 /// Writes the batch's three tables, and its marker, in one transaction.
-fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Result<()> {
+fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Result<Written> {
     conn.execute_batch("BEGIN TRANSACTION")
         .map_err(|e| EtlError::Duck(e.to_string()))?;
     let result = (|| {
+        let mut written = Written::default();
+        if let Some((owner, claims)) = plan.claims {
+            owners::record(conn, owner, claims)?;
+        }
         if out.seq == 1 {
             let stagings = plan
                 .staging
@@ -193,24 +313,25 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
                 staged: &staged,
                 late_table: &out.tables.late,
                 late_schema: &out.schemas.late,
+                job: plan.late_job,
             };
-            sql.write(
+            written = written.plus(sql.write(
                 conn,
                 &cycle,
                 plan.verb(plan.keys.windows),
                 plan.verb(plan.keys.late),
-            )?;
+            )?);
         }
         if !plan.sql.is_empty() {
             insert(
                 conn,
                 &out.tables.dead,
-                &out.schemas.dead,
+                &plan.schemas.dead,
                 &out.batch.dead,
                 plan.verb(plan.keys.dead),
             )?;
         }
-        let parts = out.tables.as_ref().zip(out.schemas.as_ref());
+        let parts = out.tables.as_ref().zip(plan.schemas.as_ref());
         for (i, (((table, schema), rows), keys)) in parts
             .zip(out.batch.as_ref())
             .zip(plan.keys)
@@ -259,7 +380,8 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
         .map_err(|e| sink_error(marker, e))?;
         streaming_etl_runtime::fault::crash_point("sink-before-commit");
         conn.execute_batch("COMMIT")
-            .map_err(|e| sink_error(&out.tables.windows, e))
+            .map_err(|e| sink_error(&out.tables.windows, e))?;
+        Ok(written)
     })();
     if result.is_err() {
         // A failed statement leaves the transaction aborted; the connection must be reset
@@ -284,64 +406,18 @@ impl OutputSink for DuckSink {
     fn prepare(&mut self, tables: &Tables, schemas: &OutputSchemas) -> Result<()> {
         let guard = self.conn.lock();
         let conn = guard.conn()?;
-        let catalog_keys = self.catalog.has_keys();
-        let mut keys = ByTable::<Keys>::default();
-        let sql = self.sql_for(tables);
-        let sql_schemas = sql.first().map(|s| ByTable {
-            windows: s.target.without_key(),
-            late: SqlOutput::late_schema(&schemas.late),
-            dead: schemas.dead.clone(),
-        });
-        if !sql.is_empty() {
-            add_output_column(conn, &tables.late)?;
+        let own = *tables == self.job_tables.as_ref().map(TableName::sql);
+        if own {
+            // The job's own tables: another job's are refused before anything is made.
+            let uses = owners::uses(&self.job_tables, &self.sql, &self.owner);
+            self.claims = owners::check(conn, &self.owner, uses)?;
         }
-        let schemas = sql_schemas.as_ref().unwrap_or(schemas);
-        for ((table, schema), k) in tables.as_ref().zip(schemas.as_ref()).zip(keys.as_mut()) {
-            let declared = match self.mode {
-                WriteMode::Upsert => schema.clone(),
-                WriteMode::Append => schema.without_key(),
-            };
-            // Two jobs creating a lake's table at once conflict; the one that retries finds it.
-            let mut primary = false;
-            with_retry(table, || {
-                primary = ensure_table(conn, table, &declared, catalog_keys).inspect_err(|_| {
-                    let _ = conn.execute_batch("ROLLBACK");
-                })?;
-                Ok(())
-            })?;
-            *k = match (primary, self.mode) {
-                (true, _) => Keys::Primary,
-                (false, WriteMode::Upsert) if !catalog_keys => Keys::Merge,
-                _ => Keys::None,
-            };
-        }
-        for s in sql.iter().skip(1) {
-            // The other statements' targets, as the first's (the windows table's place).
-            let table = s.stmt.target.sql();
-            with_retry(&table, || {
-                ensure_table(conn, &table, &s.target.without_key(), catalog_keys)
-                    .inspect_err(|_| {
-                        let _ = conn.execute_batch("ROLLBACK");
-                    })
-                    .map(drop)
-            })?;
-        }
-        if let (false, WriteMode::Upsert) = (sql.is_empty(), self.mode) {
-            // A statement's target has no primary key (its GROUP BY keys may be NULL): rows
-            // are matched on them with NULLs equal.
-            keys.windows = Keys::Merge;
-        }
-        let stagings = self
-            .staging_for(tables)
-            .into_iter()
-            .chain(sql.iter().filter_map(SqlOutput::staging));
-        for staging in stagings {
-            with_retry(&staging.table, || {
-                ensure_staged_table(conn, staging).inspect_err(|_| {
-                    let _ = conn.execute_batch("ROLLBACK");
-                })
-            })?;
-        }
+        let keys = self.create_tables(conn, tables, schemas)?;
+        let jobbed = ByTable {
+            windows: false,
+            late: !owners::lacks_job_column(conn, &tables.late),
+            dead: !owners::lacks_job_column(conn, &tables.dead),
+        };
         let m = self.marker_table(tables);
         with_retry(&m, || {
             conn.execute_batch(&format!(
@@ -352,42 +428,67 @@ impl OutputSink for DuckSink {
                 sink_error(&m, e)
             })
         })?;
-        self.prepared.insert(tables.clone(), (keys, m));
+        self.prepared.insert(
+            tables.clone(),
+            Prepared {
+                keys,
+                marker: m,
+                jobbed,
+            },
+        );
         Ok(())
     }
 
-    fn apply(&mut self, out: &Output<'_>) -> Result<()> {
+    fn apply(&mut self, out: &Output<'_>) -> Result<Written> {
         if out.batch.is_empty() {
-            return Ok(());
+            return Ok(Written::default());
         }
         let guard = self.conn.lock();
         let conn = guard.conn()?;
-        let (keys, marker) = self
+        let prepared = self
             .prepared
             .get(out.tables)
             .cloned()
             .ok_or_else(|| EtlError::Internal("a batch for tables not prepared".into()))?;
-        let marker = marker.as_str();
+        let own = *out.tables == self.job_tables.as_ref().map(TableName::sql);
+        let claiming = own && self.claims.pending();
+        // Claims are recorded one commit at a time in the process, from their check to the end
+        // of the commit's transaction.
+        let _claiming = claiming.then(owners::claiming);
+        let marker = prepared.marker.as_str();
+        let job = |on: bool| on.then_some(out.job);
         let mut plan = WritePlan {
-            keys,
+            keys: prepared.keys,
             append_keyed: !out.replay,
             marker,
             prune_marker: self.catalog.has_keys(),
             staging: self.staging_for(out.tables),
             sql: self.sql_for(out.tables),
+            schemas: ByTable {
+                windows: out.schemas.windows.clone(),
+                late: with_job(&out.schemas.late, job(prepared.jobbed.late)),
+                dead: with_job(&out.schemas.dead, job(prepared.jobbed.dead)),
+            },
+            late_job: job(prepared.jobbed.late),
+            claims: claiming.then_some((&self.owner, &self.claims)),
         };
-        with_retry(&out.tables.windows, || {
+        let (written, recorded) = with_retry(&out.tables.windows, || {
             // A replay, or a retry after a conflict that may have landed after all: the marker
             // says whether the batch is there.
             if (out.replay || !plan.append_keyed) && applied(conn, marker, out)? {
-                return Ok(());
+                return Ok((Written::default(), false));
             }
-            if plan.append_keyed && write_batch(conn, out, &plan).is_ok() {
-                return Ok(());
+            if plan.append_keyed {
+                if let Ok(w) = write_batch(conn, out, &plan) {
+                    return Ok((w, true));
+                }
             }
             plan.append_keyed = false;
-            write_batch(conn, out, &plan)
+            write_batch(conn, out, &plan).map(|w| (w, true))
         })?;
+        if claiming && recorded {
+            self.claims.recorded();
+        }
         if let Some(c) = &self.compaction {
             if self.catalog.is_ducklake() && out.seq % c.every == 0 {
                 // The cycle is committed: a compaction that fails (another writer compacting the
@@ -403,7 +504,7 @@ impl OutputSink for DuckSink {
                 }
             }
         }
-        Ok(())
+        Ok(written)
     }
 
     fn landed(

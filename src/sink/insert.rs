@@ -65,7 +65,7 @@ pub(crate) fn insert_parts(
         return Ok(());
     }
     let (_lent, query) = lend(&parts);
-    write_rows(conn, table, schema, &query, verb)
+    write_rows(conn, table, schema, &query, verb).map(drop)
 }
 
 /// The events a part's cycle placed in windows, and its first live pane (see `Staged`).
@@ -188,6 +188,24 @@ pub(super) fn lend(parts: &[&Part<'_>]) -> (Vec<Lent>, String) {
     (lent, selects.join(" UNION ALL "))
 }
 
+/// `query` (columns `c0, ...` of the rows) with the schema's given columns after them (the
+/// job's name in a table jobs share).
+fn with_given(schema: &TableSchema, query: &str) -> String {
+    let given: Vec<String> = schema
+        .columns
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| match &c.role {
+            Role::Given { sql_type, value } => Some(format!("CAST({value} AS {sql_type}) AS c{i}")),
+            _ => None,
+        })
+        .collect();
+    if given.is_empty() {
+        return query.to_string();
+    }
+    format!("SELECT *, {} FROM ({query})", given.join(", "))
+}
+
 /// `query` (columns `c0, ...` in the schema's order) with typed keys cast to their type.
 pub(super) fn cast_columns(schema: &TableSchema, query: &str) -> String {
     if !schema
@@ -218,19 +236,25 @@ fn select_list(schema: &TableSchema) -> String {
         .join(", ")
 }
 
-/// Writes the rows `query` gives (columns `c0, ...` in the schema's order) into `table`.
+/// Writes the rows `query` gives (columns `c0, ...` in the schema's order) into `table`; returns
+/// how many rows it inserted or replaced (with revisions: the rows written, not those deleted).
 pub(super) fn write_rows(
     conn: &Connection,
     table: &str,
     schema: &TableSchema,
     query: &str,
     verb: Verb,
-) -> Result<()> {
-    let query = cast_columns(schema, query);
+) -> Result<u64> {
+    let query = cast_columns(schema, &with_given(schema, query));
     let keyed = verb != Verb::Insert && !schema.primary_key.is_empty();
     let select = select_list(schema);
     let revisions = revision_columns(schema).map(|(_, revision, retracted)| (revision, retracted));
-    let sql = match revisions.filter(|_| keyed) {
+    let run = |sql: &str| -> Result<u64> {
+        conn.execute(sql, [])
+            .map(|n| n as u64)
+            .map_err(|e| sink_error(table, e))
+    };
+    match revisions.filter(|_| keyed) {
         // Windows with revisions into a keyed table: the latest row per key wins, and a
         // retracted one deletes the key's row.
         Some((revision, retracted)) => {
@@ -243,23 +267,23 @@ pub(super) fn write_rows(
                 key.join(", ")
             );
             // (DuckLake's MERGE takes one UPDATE or DELETE action: the deletes go first, apart.)
-            let delete = format!(
+            run(&format!(
                 "DELETE FROM {table} AS t USING ({latest}) AS s WHERE {} AND s.c{retracted}",
                 key_match(schema)
-            );
+            ))?;
             let live = format!("SELECT * FROM ({latest}) WHERE NOT c{retracted}");
             match verb {
-                Verb::Merge => format!("{delete}; {}", merge_sql(table, schema, &live)),
+                Verb::Merge => run(&merge_sql(table, schema, &live)),
                 // (A keyed table with revisions is never written with a plain insert: see
                 // `write_batch`.)
-                Verb::Insert | Verb::Replace => format!(
-                    "{delete}; INSERT OR REPLACE INTO {table} ({}) SELECT {select} FROM ({live})",
+                Verb::Insert | Verb::Replace => run(&format!(
+                    "INSERT OR REPLACE INTO {table} ({}) SELECT {select} FROM ({live})",
                     column_list(schema),
-                ),
+                )),
             }
         }
         None => match verb {
-            Verb::Insert | Verb::Replace => format!(
+            Verb::Insert | Verb::Replace => run(&format!(
                 "{} INTO {table} ({}) SELECT {select} FROM ({query})",
                 if verb == Verb::Replace {
                     "INSERT OR REPLACE"
@@ -267,11 +291,10 @@ pub(super) fn write_rows(
                     "INSERT"
                 },
                 column_list(schema),
-            ),
-            Verb::Merge => merge_sql(table, schema, &query),
+            )),
+            Verb::Merge => run(&merge_sql(table, schema, &query)),
         },
-    };
-    conn.execute_batch(&sql).map_err(|e| sink_error(table, e))
+    }
 }
 
 fn key_positions(schema: &TableSchema) -> Vec<usize> {

@@ -11,6 +11,7 @@ pub mod catalog;
 pub mod duck_sink;
 pub mod insert;
 pub mod lake;
+pub mod owners;
 pub mod partition_rows;
 pub mod partition_store;
 pub mod sql_cycle;

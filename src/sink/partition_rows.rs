@@ -3,13 +3,15 @@
 //! events of DuckDB's aggregates, or a SQL statement's part (`sql_cycle`).
 
 use duckdb::Connection;
-use streaming_etl_core::{Batch, ByTable, OutputSchemas, Result, Rows};
+use streaming_etl_core::{Batch, ByTable, OutputSchemas, Result, Rows, TableSchema};
 use streaming_etl_runtime::group::PartitionCommit;
 
 use super::insert::{insert_parts, insert_staged, Part, StagedPart, Verb};
+use super::owners::{self, Claims, Owner};
 use super::sql_cycle::SqlOutput;
 use super::staged::Staging;
 use super::tables::sink_error;
+use streaming_etl_runtime::sink::Written;
 
 /// What a commit writes its partitions' rows into, and how.
 pub(super) struct PartitionOutput<'a> {
@@ -18,6 +20,13 @@ pub(super) struct PartitionOutput<'a> {
     /// A job written as SQL: its statements' outputs.
     pub sql: &'a [SqlOutput],
     pub verb: Verb,
+    /// The late and dead tables' shapes as written (with the job's column where they have it).
+    pub late: TableSchema,
+    pub dead: TableSchema,
+    /// The job, where the late table carries it.
+    pub late_job: Option<&'a str>,
+    /// The job's claims on its tables, when this commit records them (see `owners`).
+    pub claims: Option<(&'a Owner, &'a Claims)>,
 }
 
 impl PartitionOutput<'_> {
@@ -28,13 +37,16 @@ impl PartitionOutput<'_> {
         conn: &Connection,
         parts: &[PartitionCommit<'_>],
         schemas: &OutputSchemas,
-    ) -> Result<()> {
+    ) -> Result<Written> {
+        if let Some((owner, claims)) = self.claims {
+            owners::record(conn, owner, claims)?;
+        }
         let verb = self.verb;
         let pick: [fn(&Batch) -> &Rows; 3] = [|b| &b.windows, |b| &b.late, |b| &b.dead];
         let targets = [
             (&self.tables.windows, &schemas.windows),
-            (&self.tables.late, &schemas.late),
-            (&self.tables.dead, &schemas.dead),
+            (&self.tables.late, &self.late),
+            (&self.tables.dead, &self.dead),
         ];
         let stagings = self
             .staging
@@ -51,8 +63,16 @@ impl PartitionOutput<'_> {
         if !self.sql.is_empty() {
             let batches: Vec<(i32, &Batch)> =
                 parts.iter().map(|p| (p.partition, p.batch)).collect();
+            let mut written = Written::default();
             for sql in self.sql {
-                sql.write_partitions(conn, &batches, &self.tables.late, schemas, verb)?;
+                written = written.plus(sql.write_partitions(
+                    conn,
+                    &batches,
+                    &self.tables.late,
+                    schemas,
+                    verb,
+                    self.late_job,
+                )?);
             }
             let dead: Vec<Part<'_>> = parts
                 .iter()
@@ -61,7 +81,8 @@ impl PartitionOutput<'_> {
                     partition: None,
                 })
                 .collect();
-            return insert_parts(conn, &self.tables.dead, &schemas.dead, &dead, verb);
+            insert_parts(conn, &self.tables.dead, &self.dead, &dead, verb)?;
+            return Ok(written);
         }
         for (i, ((table, schema), rows_of)) in targets.into_iter().zip(pick).enumerate() {
             let rows: Vec<Part<'_>> = parts
@@ -87,6 +108,6 @@ impl PartitionOutput<'_> {
                 None => insert_parts(conn, table, schema, &rows, verb)?,
             }
         }
-        Ok(())
+        Ok(Written::default())
     }
 }

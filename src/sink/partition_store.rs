@@ -20,13 +20,16 @@ use streaming_etl_runtime::clock::{Clock, SystemClock};
 use streaming_etl_runtime::group::{
     parse_settings, settings_text, Claim, Moved, PartitionCommit, PartitionSnapshot, PartitionStore,
 };
+use streaming_etl_runtime::sink::Written;
 
 use super::catalog::OutputCatalog;
+use super::duck_sink::with_job;
 use super::insert::Verb;
 use super::lake::{
     compact, ensure_tables, keep_in_files, restore_retry_wait, shorten_retry_wait, with_retry,
     with_retry_for,
 };
+use super::owners;
 use super::partition_rows::PartitionOutput;
 use super::sql_cycle::{add_output_column, SqlOutput};
 use super::staged::{ensure_staged_table, Staging};
@@ -92,6 +95,12 @@ pub struct LakeStore {
     short_retry_wait: bool,
     /// A job written as SQL: its statements' outputs (see `sql_cycle`).
     sql: Vec<SqlOutput>,
+    /// The tables as parsed, and the job they are claimed for (see `owners`).
+    names: ByTable<TableName>,
+    owner: owners::Owner,
+    claims: owners::Claims,
+    /// Late events and dead letters carry the job in a column (known once prepared).
+    jobbed: ByTable<bool>,
 }
 
 impl Drop for LakeStore {
@@ -131,7 +140,17 @@ impl LakeStore {
             staging: None,
             short_retry_wait: false,
             sql: Vec::new(),
+            names: tables.clone(),
+            owner: owners::Owner::default(),
+            claims: owners::Claims::default(),
+            jobbed: ByTable::default(),
         }
+    }
+
+    /// The job the tables are claimed for.
+    pub fn with_owner(mut self, owner: owners::Owner) -> LakeStore {
+        self.owner = owner;
+        self
     }
 
     /// A store for a job written as SQL: its statements' rows, late events and staged rows
@@ -156,12 +175,17 @@ impl LakeStore {
     }
 
     /// Where and how a commit writes its partitions' rows.
-    fn output(&self) -> PartitionOutput<'_> {
+    fn output(&self, schemas: &OutputSchemas) -> PartitionOutput<'_> {
+        let job = |on: bool| on.then_some(self.job.as_str());
         PartitionOutput {
             tables: &self.tables,
             staging: self.staging.as_ref(),
             sql: &self.sql,
             verb: self.verb(),
+            late: with_job(&schemas.late, job(self.jobbed.late)),
+            dead: with_job(&schemas.dead, job(self.jobbed.dead)),
+            late_job: job(self.jobbed.late),
+            claims: self.claims.pending().then_some((&self.owner, &self.claims)),
         }
     }
 
@@ -342,7 +366,7 @@ impl LakeStore {
         owner: &str,
         parts: &[PartitionCommit<'_>],
         schemas: &OutputSchemas,
-    ) -> Result<Vec<Moved>> {
+    ) -> Result<(Vec<Moved>, Written)> {
         let st = &self.state;
         conn.execute_batch("BEGIN TRANSACTION").map_err(duck(st))?;
         let now = now_ms();
@@ -379,8 +403,9 @@ impl LakeStore {
             conn.execute_batch("ROLLBACK").map_err(duck(st))?;
             return self.try_commit_checked(conn, owner, parts, schemas);
         }
-        self.output().write(conn, parts, schemas)?;
-        self.finish(conn)
+        let written = self.output(schemas).write(conn, parts, schemas)?;
+        self.finish(conn)?;
+        Ok((Vec::new(), written))
     }
 
     /// A commit that reads the owners of its partitions first: the partitions that moved are
@@ -391,7 +416,7 @@ impl LakeStore {
         owner: &str,
         parts: &[PartitionCommit<'_>],
         schemas: &OutputSchemas,
-    ) -> Result<Vec<Moved>> {
+    ) -> Result<(Vec<Moved>, Written)> {
         let st = &self.state;
         conn.execute_batch("BEGIN TRANSACTION").map_err(duck(st))?;
         let mut moved = Vec::new();
@@ -417,7 +442,7 @@ impl LakeStore {
             // Nothing to write: partitions moved (the caller commits the others alone), or an
             // earlier attempt whose outcome was unknown did land.
             conn.execute_batch("ROLLBACK").map_err(duck(st))?;
-            return Ok(moved);
+            return Ok((moved, Written::default()));
         }
         if landed > 0 {
             return Err(EtlError::Internal(format!(
@@ -426,7 +451,7 @@ impl LakeStore {
                 parts.len()
             )));
         }
-        self.output().write(conn, parts, schemas)?;
+        let written = self.output(schemas).write(conn, parts, schemas)?;
         let list: Vec<String> = parts.iter().map(|p| p.partition.to_string()).collect();
         conn.execute(
             &format!(
@@ -464,15 +489,16 @@ impl LakeStore {
             duckdb::params_from_iter(values),
         )
         .map_err(duck(st))?;
-        self.finish(conn)
+        self.finish(conn)?;
+        Ok((Vec::new(), written))
     }
 
     /// Commits a commit's transaction (the fault hook just before it, for the kill tests).
-    fn finish(&self, conn: &Connection) -> Result<Vec<Moved>> {
+    fn finish(&self, conn: &Connection) -> Result<()> {
         streaming_etl_runtime::fault::crash_point("sink-before-commit");
         conn.execute_batch("COMMIT")
             .map_err(duck(&self.tables.windows))?;
-        Ok(Vec::new())
+        Ok(())
     }
 }
 
@@ -489,8 +515,17 @@ impl PartitionStore for LakeStore {
         if let Some(sql) = self.sql.first() {
             tables_of.windows = sql.target.clone();
             tables_of.late = SqlOutput::late_schema(&schemas.late);
+        }
+        let uses = owners::uses(&self.names, &self.sql, &self.owner);
+        self.claims = owners::check(conn, &self.owner, uses)?;
+        if !self.sql.is_empty() {
             add_output_column(conn, &self.tables.late)?;
         }
+        // A late or dead table made before the job column existed is written as it is.
+        let [late, dead] =
+            [&self.tables.late, &self.tables.dead].map(|t| !owners::lacks_job_column(conn, t));
+        tables_of.late = with_job(&tables_of.late, late.then_some(""));
+        tables_of.dead = with_job(&tables_of.dead, dead.then_some(""));
         let job_tables = self.tables.clone().zip(tables_of);
         // A set's other statements' targets (the first's is the windows table's place).
         let others = self.sql.iter().skip(1);
@@ -500,6 +535,11 @@ impl PartitionStore for LakeStore {
                 .chain(others.map(|s| (s.stmt.target.sql(), s.target.clone())))
                 .collect();
         ensure_tables(conn, &tables)?;
+        self.jobbed = ByTable {
+            windows: false,
+            late: !owners::lacks_job_column(conn, &self.tables.late),
+            dead: !owners::lacks_job_column(conn, &self.tables.dead),
+        };
         for staging in self.stagings() {
             with_retry(&staging.table, || {
                 ensure_staged_table(conn, staging).inspect_err(|_| {
@@ -558,9 +598,13 @@ impl PartitionStore for LakeStore {
         })
     }
 
-    fn commit(&mut self, owner: &str, parts: &[PartitionCommit<'_>]) -> Result<Vec<Moved>> {
+    fn commit(
+        &mut self,
+        owner: &str,
+        parts: &[PartitionCommit<'_>],
+    ) -> Result<(Vec<Moved>, Written)> {
         if parts.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Written::default()));
         }
         let guard = self.conn.lock();
         let conn = guard.conn()?;
@@ -568,13 +612,16 @@ impl PartitionStore for LakeStore {
             .schemas
             .clone()
             .ok_or_else(|| EtlError::Internal("commit before prepare".into()))?;
-        let moved = with_retry_for(&self.tables.windows, CONTENDED_FOR, || {
+        // Claims still to be recorded go with this commit, one commit at a time in the process.
+        let _claiming = self.claims.pending().then(owners::claiming);
+        let (moved, written) = with_retry_for(&self.tables.windows, CONTENDED_FOR, || {
             self.try_commit(conn, owner, parts, &schemas)
                 .inspect_err(|_| {
                     let _ = conn.execute_batch("ROLLBACK");
                 })
         })?;
         if moved.is_empty() {
+            self.claims.recorded();
             self.commits += 1;
             if let Some(c) = &self.compaction {
                 if self.commits % c.every == 0 {
@@ -590,6 +637,6 @@ impl PartitionStore for LakeStore {
                 }
             }
         }
-        Ok(moved)
+        Ok((moved, written))
     }
 }

@@ -24,6 +24,7 @@ use super::tables::{revision_columns, sink_error};
 use crate::functions::batch::Lent;
 use crate::params::{quote_ident, quote_literal};
 use crate::sql::{events_columns, Body, SqlJob, SqlStatement};
+use streaming_etl_runtime::sink::Written;
 
 /// The late table's column that names the statement an event was late for.
 pub const OUTPUT_COLUMN: &str = "output";
@@ -46,6 +47,8 @@ pub struct SqlOutput {
     partitioned: bool,
     /// Its part of a batch of a job of several statements (None: the batch is its own).
     layer: Option<usize>,
+    /// Its windows in a few words (empty for a transform), shown to a job refused its target.
+    pub shape: String,
 }
 
 impl SqlOutput {
@@ -132,11 +135,20 @@ impl SqlOutput {
             staging,
             partitioned,
             layer: None,
+            shape: match &stmt.body {
+                Body::Transform { .. } => String::new(),
+                _ => super::owners::describe(cfg),
+            },
         }
     }
 
     pub fn staging(&self) -> Option<&Staging> {
         self.staging.as_ref()
+    }
+
+    /// Whether the statement is a transform (its rows appended, no window).
+    pub fn is_transform(&self) -> bool {
+        matches!(self.stmt.body, Body::Transform { .. })
     }
 
     /// Whether a window's rows may be written more than once (`emit := 'update'`,
@@ -166,9 +178,13 @@ impl SqlOutput {
         cycle: &Cycle<'_>,
         target_verb: Verb,
         late_verb: Verb,
-    ) -> Result<()> {
+    ) -> Result<Written> {
         let target = self.stmt.target.sql();
         let events = self.events_table(conn, cycle.staged)?;
+        let mut written = Written {
+            windows: Some(0),
+            late: Some(0),
+        };
         match &self.stmt.body {
             Body::Transform { sql } => {
                 if events {
@@ -183,7 +199,7 @@ impl SqlOutput {
                     ))
                     .map_err(|e| sink_error(&target, e))?;
                 }
-                return Ok(());
+                return Ok(written);
             }
             Body::Engine { projection } => {
                 let all: Vec<&Part<'_>> = cycle
@@ -198,15 +214,15 @@ impl SqlOutput {
                         self.outputs(projection.iter().cloned()).join(", "),
                         cast_columns(&self.engine, &rows)
                     );
-                    write_rows(conn, &target, &self.target, &query, target_verb)?;
+                    written.windows = Some(self.write_final(conn, &query, target_verb)?);
                 }
-                self.write_late(conn, cycle, None, late_verb)?;
+                written.late = Some(self.write_late(conn, cycle, None, late_verb)?);
             }
             Body::Staged {
                 row_step, close, ..
             } => {
                 let Some(staging) = &self.staging else {
-                    return Ok(());
+                    return Ok(written);
                 };
                 if events {
                     conn.execute_batch(&format!(
@@ -220,11 +236,38 @@ impl SqlOutput {
                     })?;
                 }
                 let rows_table = events.then_some("__se_step");
-                self.write_late(conn, cycle, rows_table, late_verb)?;
-                self.write_windows(conn, staging, cycle, rows_table, close, target_verb)?;
+                written.late = Some(self.write_late(conn, cycle, rows_table, late_verb)?);
+                written.windows = Some(self.write_windows(
+                    conn,
+                    staging,
+                    cycle,
+                    rows_table,
+                    close,
+                    target_verb,
+                )?);
             }
         }
-        Ok(())
+        Ok(written)
+    }
+
+    /// Writes the rows `query` gives into the target; returns how many are final (a closed
+    /// window's row, not a running one).
+    fn write_final(&self, conn: &Connection, query: &str, verb: Verb) -> Result<u64> {
+        let target = self.stmt.target.sql();
+        let Some((fin, _, _)) = revision_columns(&self.target) else {
+            return write_rows(conn, &target, &self.target, query, verb);
+        };
+        conn.execute_batch(&format!("CREATE OR REPLACE TEMP TABLE __se_out AS {query}"))
+            .map_err(|e| sink_error(&target, e))?;
+        let finals: i64 = conn
+            .query_row(
+                &format!("SELECT count(*) FILTER (WHERE c{fin}) FROM __se_out"),
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| sink_error(&target, e))?;
+        write_rows(conn, &target, &self.target, "SELECT * FROM __se_out", verb)?;
+        Ok(finals.max(0) as u64)
     }
 
     /// The statement's part of a `subscribe` commit: each partition's batch (`batches`), written
@@ -239,7 +282,8 @@ impl SqlOutput {
         late_table: &str,
         schemas: &OutputSchemas,
         verb: Verb,
-    ) -> Result<()> {
+        job: Option<&str>,
+    ) -> Result<Written> {
         let batches: Vec<(i32, &Batch)> = batches.iter().map(|(p, b)| (*p, self.part(b))).collect();
         let batches = &batches[..];
         let rows_of = |pick: fn(&Batch) -> &Rows, with_partition: bool| -> Vec<Part<'_>> {
@@ -267,6 +311,7 @@ impl SqlOutput {
             staged: &staged,
             late_table,
             late_schema: &schemas.late,
+            job,
         };
         let target_verb = if self.revisions() { verb } else { Verb::Insert };
         self.write(conn, &cycle, target_verb, verb)
@@ -339,12 +384,13 @@ impl SqlOutput {
         cycle: &Cycle<'_>,
         rows: Option<&str>,
         verb: Verb,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let all: Vec<&Part<'_>> = cycle.late.iter().filter(|p| !p.rows.is_empty()).collect();
         if all.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
-        let schema = SqlOutput::late_schema(cycle.late_schema);
+        let schema =
+            super::duck_sink::with_job(&SqlOutput::late_schema(cycle.late_schema), cycle.job);
         let (_lent, query) = lend(&all);
         let at = |name: &str| {
             cycle
@@ -382,8 +428,7 @@ impl SqlOutput {
         rows_table: Option<&str>,
         close: &str,
         verb: Verb,
-    ) -> Result<()> {
-        let target = self.stmt.target.sql();
+    ) -> Result<u64> {
         let parts: Vec<&Part<'_>> = cycle.windows.iter().collect();
         let (_rows_lent, rows) = lend(&parts);
         let live: Vec<(Option<i32>, Option<i64>)> = cycle
@@ -400,6 +445,7 @@ impl SqlOutput {
             conn.execute_batch(&staging.keep_new(&new, &rows, &live))
                 .map_err(|e| sink_error(st, format!("staging the rows of open windows: {e}")))?;
         }
+        let mut finals = 0;
         if cycle.windows.iter().any(|p| !p.rows.is_empty()) {
             let n = self.stmt.columns.len();
             let named: Vec<String> = (0..n).map(|i| format!("__se_o{i}")).collect();
@@ -423,10 +469,11 @@ impl SqlOutput {
                     staging.keyed_rows(&rows, false)
                 );
             }
-            write_rows(conn, &target, &self.target, &query, verb)?;
+            finals = self.write_final(conn, &query, verb)?;
         }
         conn.execute_batch(&staging.drop_done(&rows, &live))
-            .map_err(|e| sink_error(st, format!("dropping the rows of closed windows: {e}")))
+            .map_err(|e| sink_error(st, format!("dropping the rows of closed windows: {e}")))?;
+        Ok(finals)
     }
 
     /// A retracted row's statement columns: its keys and window bounds, NULL elsewhere.
@@ -463,4 +510,6 @@ pub struct Cycle<'a> {
     /// The late table, and its rows' shape as the batch has them.
     pub late_table: &'a str,
     pub late_schema: &'a TableSchema,
+    /// The job, where the late table carries it in a column.
+    pub job: Option<&'a str>,
 }

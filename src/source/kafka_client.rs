@@ -5,6 +5,7 @@
 //! where a partition starts).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -23,6 +24,8 @@ use crate::params::{KafkaParams, Start};
 #[derive(Default)]
 pub struct Context {
     last_error: Mutex<Option<String>>,
+    /// How many errors librdkafka has reported (a member looks at its brokers after one).
+    errors: AtomicU64,
     /// A `subscribe` consumer's rebalance handling (None: partitions assigned explicitly).
     group: Option<Arc<dyn Rebalance>>,
 }
@@ -44,6 +47,7 @@ impl Context {
     pub(super) fn with_group(group: Arc<dyn Rebalance>) -> Context {
         Context {
             last_error: Mutex::new(None),
+            errors: AtomicU64::new(0),
             group: Some(group),
         }
     }
@@ -53,6 +57,11 @@ impl Context {
             .last_error
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(error);
+    }
+
+    /// How many errors librdkafka has reported so far.
+    pub(super) fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
     }
 
     pub(super) fn last_error(&self) -> Option<String> {
@@ -67,6 +76,7 @@ impl ClientContext for Context {
     fn log(&self, _level: rdkafka::config::RDKafkaLogLevel, _fac: &str, _log_message: &str) {}
 
     fn error(&self, error: KafkaError, reason: &str) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
         self.set_last_error(format!("{error} ({reason})"));
     }
 }

@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, RebalanceProtocol};
 use rdkafka::types::RDKafkaRespErr;
@@ -192,7 +192,15 @@ pub struct KafkaGroup {
     topic: String,
     source_name: String,
     timeout: Duration,
+    brokers: String,
+    /// Since when, and why, the brokers have not answered (see `unreachable`).
+    outage: Option<(Instant, String)>,
+    /// When the brokers were last asked, and the client's error count then.
+    probed: Option<(Instant, u64)>,
 }
+
+/// How often a member asks its brokers for the topic while they do not answer.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 impl KafkaGroup {
     /// Joins the group `params.group_id` for `topic`; partitions are claimed with `claimer` as
@@ -270,6 +278,9 @@ impl KafkaGroup {
             topic: topic.to_string(),
             source_name: source_name.to_string(),
             timeout,
+            brokers: params.brokers.clone(),
+            outage: None,
+            probed: None,
         })
     }
 
@@ -307,6 +318,43 @@ impl GroupSource for KafkaGroup {
             return Err(e);
         }
         Ok(std::mem::take(&mut *locked(&h.events)))
+    }
+
+    /// The group's brokers out of reach for longer than the timeout. A member whose client
+    /// reported an error (or that is in an outage) asks the brokers for the topic's metadata,
+    /// at most once a second; a member that hears nothing wrong asks nothing.
+    fn unreachable(&mut self) -> Option<String> {
+        let consumer = self.consumer.as_ref()?;
+        let errors = consumer.context().errors();
+        let due = match self.probed {
+            None => errors > 0,
+            Some((at, seen)) => {
+                (seen != errors || self.outage.is_some()) && at.elapsed() >= PROBE_EVERY
+            }
+        };
+        if due {
+            self.probed = Some((Instant::now(), errors));
+            let wait = self.timeout.min(Duration::from_millis(500));
+            match consumer.fetch_metadata(Some(&self.topic), wait) {
+                Ok(_) => self.outage = None,
+                Err(e) if self.outage.is_none() => {
+                    let why = consumer
+                        .context()
+                        .last_error()
+                        .unwrap_or_else(|| kafka_error(&e));
+                    self.outage = Some((Instant::now(), why));
+                }
+                Err(_) => {}
+            }
+        }
+        let (since, why) = self.outage.as_ref()?;
+        (since.elapsed() >= self.timeout).then(|| {
+            format!(
+                "cannot reach Kafka brokers '{}' for {} s (the member waits for them): {why}",
+                self.brokers,
+                since.elapsed().as_secs()
+            )
+        })
     }
 
     fn joined(&self) -> bool {

@@ -112,6 +112,21 @@ pub fn any(v: &Value, test: &dyn Fn(&Map<String, Value>) -> bool) -> bool {
     found
 }
 
+/// Whether any node of `v` outside its subqueries satisfies `test` (an aggregate inside a
+/// subquery is the subquery's, not the statement's).
+pub fn any_outside_subqueries(v: &Value, test: &dyn Fn(&Map<String, Value>) -> bool) -> bool {
+    match v {
+        Value::Object(m) => {
+            if class(v) == "SUBQUERY" {
+                return false;
+            }
+            test(m) || m.values().any(|c| any_outside_subqueries(c, test))
+        }
+        Value::Array(items) => items.iter().any(|c| any_outside_subqueries(c, test)),
+        _ => false,
+    }
+}
+
 /// A table reference of a FROM clause, flattened out of its joins.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TableRef {

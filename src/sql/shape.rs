@@ -212,7 +212,7 @@ pub fn shape(
     let having = node.get("having").filter(|h| !h.is_null()).cloned();
     let has_where = node.get("where_clause").is_some_and(|w| !w.is_null());
     let calls_aggregate = |v: &Value| {
-        ast::any(v, &|m| {
+        ast::any_outside_subqueries(v, &|m| {
             m.get("class").and_then(Value::as_str) == Some("FUNCTION")
                 && m.get("function_name")
                     .and_then(Value::as_str)

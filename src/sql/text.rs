@@ -158,10 +158,89 @@ fn word_at(text: &str, i: usize) -> &str {
     &text[i..end]
 }
 
+/// The first words of statements that are not queries (DuckDB's parser would say only that it
+/// serializes SELECT statements).
+const NOT_QUERIES: [&str; 31] = [
+    "alter",
+    "analyze",
+    "attach",
+    "begin",
+    "call",
+    "checkpoint",
+    "comment",
+    "commit",
+    "copy",
+    "create",
+    "deallocate",
+    "delete",
+    "describe",
+    "detach",
+    "drop",
+    "execute",
+    "explain",
+    "export",
+    "import",
+    "install",
+    "load",
+    "merge",
+    "pragma",
+    "prepare",
+    "reset",
+    "rollback",
+    "set",
+    "show",
+    "truncate",
+    "update",
+    "use",
+];
+
+/// Words that go with a statement's first word in its name (`DROP TABLE`, `DELETE FROM`).
+const STATEMENT_WORDS: [&str; 16] = [
+    "table",
+    "view",
+    "index",
+    "from",
+    "into",
+    "schema",
+    "macro",
+    "sequence",
+    "function",
+    "type",
+    "or",
+    "replace",
+    "temp",
+    "temporary",
+    "database",
+    "secret",
+];
+
+/// The statement's kind as its first words say it (`DROP TABLE`, `UPDATE`).
+fn statement_kind(text: &str, mut i: usize) -> String {
+    let mut words = vec![word_at(text, i).to_ascii_uppercase()];
+    i += words[0].len();
+    for _ in 0..2 {
+        i = skip_space(text, i);
+        let w = word_at(text, i);
+        if !STATEMENT_WORDS.iter().any(|s| s.eq_ignore_ascii_case(w)) {
+            break;
+        }
+        words.push(w.to_ascii_uppercase());
+        i += w.len();
+    }
+    words.join(" ")
+}
+
 /// One statement: an `INSERT INTO` head, if any, and its query.
 fn statement(text: &str) -> Result<StatementText, TextError> {
     let i = skip_space(text, 0);
-    if !word_at(text, i).eq_ignore_ascii_case("insert") {
+    let first = word_at(text, i);
+    if NOT_QUERIES.iter().any(|w| w.eq_ignore_ascii_case(first)) {
+        return Err(TextError(format!(
+            "holds INSERT INTO <table> SELECT ... statements over the stream (or one bare SELECT, into windows_table), and nothing else; got {}",
+            statement_kind(text, i)
+        )));
+    }
+    if !first.eq_ignore_ascii_case("insert") {
         return Ok(StatementText {
             target: None,
             columns: None,
@@ -325,6 +404,17 @@ mod tests {
         assert!(err("INSERT INTO t BY NAME SELECT 1").contains("BY NAME"));
         assert!(err("INSERT INTO t (a b) SELECT 1").contains("column list"));
         assert!(err("INSERT INTO t").contains("no query"));
+        assert!(
+            err("INSERT INTO t SELECT 1 FROM stream; DROP TABLE customers")
+                .ends_with("and nothing else; got DROP TABLE")
+        );
+        assert!(err("delete from t").ends_with("got DELETE FROM"));
+        assert!(err("UPDATE customers SET x = 1").ends_with("got UPDATE"));
+        assert!(err("create or replace table t AS SELECT 1").ends_with("got CREATE OR REPLACE"));
+        assert_eq!(one("(SELECT 1 FROM stream)").target, None);
+        assert_eq!(one("from stream select 1").target, None);
+        // A misspelt query is the parser's to name.
+        assert_eq!(one("SELEC 1 FROM stream").target, None);
         // A parameter is not a dollar quote.
         assert_eq!(one("SELECT $1 FROM stream").query, "SELECT $1 FROM stream");
     }

@@ -2,7 +2,7 @@
 
 usage: bg_job.py <db>
 It loads the extension, resumes the jobs recorded in the database (`streaming_etl_resume()`),
-or, when there are none, starts the job of the call in BG_JOB_CALL; prints "started", waits for
+or, when there are none, starts the jobs of the calls in BG_JOB_CALL (one a line); prints "started", waits for
 every job to have read everything there is (lag 0), stops them, prints "caught_up" and exits.
 """
 import os
@@ -23,7 +23,8 @@ def main():
     con.execute("SET threads = 1")
     jobs = con.execute("SELECT job FROM streaming_etl_resume()").fetchall()
     if not jobs:
-        jobs = con.execute(f"SELECT job FROM {os.environ['BG_JOB_CALL']}").fetchall()
+        for call in os.environ["BG_JOB_CALL"].splitlines():
+            jobs += con.execute(f"SELECT job FROM {call}").fetchall()
     print("started", flush=True)
     names = [j[0] for j in jobs]
     while True:

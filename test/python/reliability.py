@@ -433,7 +433,7 @@ def hostile_state(scale):
                                   f"checkpoint='{ckpt}'", "--announce"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         first.stdout.readline()
         time.sleep(0.3)
-        _expect_error(con, f"SELECT * FROM streaming_etl_run('file:{big}/*.ndjson', {WINDOW}, {LATENESS}, checkpoint := '{ckpt}')", "is already running")
+        _expect_error(con, f"SELECT * FROM streaming_etl_run('file:{big}/*.ndjson', {WINDOW}, {LATENESS}, checkpoint := '{ckpt}', windows_table := 'big_windows')", "is already running")
         first.communicate()
         assert first.returncode == 0
         faults += 1

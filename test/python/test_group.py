@@ -365,3 +365,55 @@ def test_a_sql_job_in_a_group_equals_one_process(tmp_path, postgres, mock, text,
         assert_same([got, [], []], [want, [], []])
     assert con.execute("SELECT count(*) FROM lake.by_region").fetchone()[0] > 100
     assert all(con.execute(q.format(p="")).fetchall() for q in more)
+
+
+def test_a_background_member_stops_at_a_cycle_boundary_and_shows_retrying_through_an_outage(tmp_path, postgres):
+    """A `subscribe` job in the background: a stop ends its cycle early (a 30 s cycle does not make
+    the stop wait it out), and a broker outage shows as `retrying` with the member waiting, then
+    `running` again; everything read is committed."""
+    from brokers import MockBroker
+    mock = MockBroker()
+    try:
+        topic = "g" + uuid.uuid4().hex[:8]
+        mock.create_topic(topic, PARTITIONS)
+        catalog, data, con = new_lake(tmp_path, postgres)
+        send(mock.bootstrap, topic, messages(0, 3000))
+        job = (f"streaming_etl_run('{topic}', 1000, 200, brokers := '{mock.bootstrap}', subscribe := true, "
+               "job := 'bgsub', windows_table := 'lake.windows', late_table := 'lake.late_events', "
+               f"dead_letter_table := 'lake.dead_letters', kafka := {GROUP_KAFKA}, timeout_ms := 1500")
+        call = job + ", background := true, follow := true, checkpoint_interval_ms := {ms})"
+
+        def row():
+            return con.execute("SELECT state, events_consumed, last_error, lag FROM streaming_etl_jobs() "
+                               "WHERE job = 'bgsub'").fetchone()
+
+        def until(cond, what, timeout=90):
+            deadline = time.time() + timeout
+            while time.time() < deadline:
+                r = row()
+                if cond(r):
+                    return r
+                time.sleep(0.1)
+            raise AssertionError(f"{what}: {row()}")
+
+        con.execute("SELECT * FROM " + call.replace("{ms}", "500")).fetchall()
+        until(lambda r: r[1] == 3000 and r[3] == 0, "caught up")
+        mock.command("down 1")
+        r = until(lambda r: r[0] == "retrying", "retrying through the outage")
+        assert "cannot reach Kafka brokers" in r[2] and "the member waits for them" in r[2], r
+        mock.command("up 1")
+        send(mock.bootstrap, topic, messages(3000, 3000))
+        until(lambda r: r[0] == "running" and r[1] == 6000 and r[3] == 0 and r[2] is None, "running again")
+        con.execute("SELECT * FROM streaming_etl_stop('bgsub')").fetchall()
+        # With a long cycle, a stop does not wait it out.
+        con.execute("SELECT * FROM " + call.replace("{ms}", "30000")).fetchall()
+        until(lambda r: r[0] == "running", "running", timeout=30)
+        time.sleep(3)
+        t0 = time.time()
+        stopped = con.execute("SELECT state FROM streaming_etl_stop('bgsub')").fetchall()
+        assert stopped == [("stopped",)] and time.time() - t0 < 15, time.time() - t0
+        # Everything read is committed with the partitions' state.
+        committed = con.execute("SELECT sum(next_offset) FROM lake.streaming_etl_partitions WHERE job = 'bgsub'").fetchone()
+        assert committed == (6000,)
+    finally:
+        mock.stop()

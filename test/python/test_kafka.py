@@ -134,6 +134,11 @@ def test_the_message_key_is_the_key_when_the_json_has_none(mock):
     run(con, topic, mock.bootstrap, "flush := true")
     assert con.execute("SELECT key, count FROM windows").fetchall() == [("from-key", 3)]
     assert con.execute("SELECT \"offset\", error FROM dead_letters").fetchall() == [(3, "missing key field 'key'")]
+    # A job written as SQL reads the same key as the stream's `key` (NULL where there is none).
+    con.execute(f"""SELECT * FROM streaming_etl_sql('{topic}', $$ INSERT INTO keys SELECT key, "offset" FROM stream $$,
+                   brokers := '{mock.bootstrap}', job := 'sqlkeys')""").fetchall()
+    assert con.execute('SELECT key, "offset" FROM keys ORDER BY 2').fetchall() == [
+        ("from-key", 0), ("from-key", 1), ("from-key", 2), (None, 3)]
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
@@ -266,12 +271,12 @@ def test_kafka_properties_pass_through_and_bad_ones_are_named(mock):
     rows = run(con, topic, mock.bootstrap, "kafka := MAP {'fetch.min.bytes': '1', 'client.id': 'mine'}")
     assert rows[-1][1] == 2000
     with pytest.raises(Exception) as e:
-        run(con, topic, mock.bootstrap, "job := 'x'", "kafka := MAP {'no.such.property': '1'}")
+        run(con, topic, mock.bootstrap, "job := 'x'", "windows_table := 'wx'", "kafka := MAP {'no.such.property': '1'}")
     assert "invalid Kafka configuration" in str(e.value) and "no.such.property" in str(e.value)
     # Values with the characters DuckDB's MAP text quotes (, = ' \ and spaces) arrive intact.
     tricky = "1, x='y' \\z"
     with pytest.raises(Exception) as e:
-        run(con, topic, mock.bootstrap, "job := 'y'", f"kafka := MAP {{'security.protocol': '{tricky.replace(chr(39), chr(39) * 2)}'}}")
+        run(con, topic, mock.bootstrap, "job := 'y'", "windows_table := 'wy'", f"kafka := MAP {{'security.protocol': '{tricky.replace(chr(39), chr(39) * 2)}'}}")
     assert tricky in str(e.value), str(e.value)
 
 

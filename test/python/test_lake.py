@@ -157,8 +157,8 @@ def test_tables_in_two_catalogs_and_other_misuse_fail_at_bind_time(tmp_path):
     # A schema of the host's own named like the lake resolves to the host, as DuckDB does.
     con.execute("CREATE SCHEMA lake2")
     con.execute(f"SELECT * FROM streaming_etl_run('file:{SKEW}', 1000, 200, windows_table := 'lake2.w', flush := true)").fetchall()
-    # The three tables and the batch marker beside them.
-    assert con.execute("SELECT database_name FROM duckdb_tables() WHERE schema_name = 'lake2'").fetchall() == [("host",)] * 4
+    # The three tables, and the batch marker and the registry of jobs beside them.
+    assert con.execute("SELECT database_name FROM duckdb_tables() WHERE schema_name = 'lake2'").fetchall() == [("host",)] * 5
     con.close()
 
 
@@ -421,4 +421,36 @@ def test_commits_that_conflict_are_retried_then_fail_naming_the_table_and_the_ne
     assert all(CONFLICTED.search(f) for f in failures), failures
     job.execute(run_sql(f"file:{SKEW}", "append", extra=", flush := true")).fetchall()
     assert tables_of(con, "lake.") == reference(tmp_path, f"file:{SKEW}", "append")
+    con.close()
+
+
+def test_jobs_share_a_lakes_late_and_dead_tables_and_not_its_windows(tmp_path, postgres):
+    """A lake has no key to catch two jobs' rows in one table: a job's windows table is its own (a
+    second job naming it is refused at bind), and late events and dead letters carry the job.
+    Three processes starting at once into one lake's late and dead tables write each job's rows."""
+    cat, data = postgres.new_database(), str(tmp_path / "lakedata")
+    con = lake.connect(tmp_path / "first.duckdb", EXT, cat, data)
+    con.execute(f"SELECT * FROM streaming_etl_run('file:{SKEW}', 1000, 200, job := 'a', windows_table := 'lake.windows', flush := true)").fetchall()
+    with pytest.raises(duckdb.Error) as e:
+        con.execute(f"SELECT * FROM streaming_etl_run('file:{SKEW}', 2000, 200, job := 'b', windows_table := 'lake.windows')").fetchall()
+    assert ("invalid parameter 'windows_table': \"lake.windows\" holds the windows of job 'a' (1000 ms windows); "
+            "give job 'b' its own windows_table (got 'lake.windows')") in str(e.value)
+    con.close()
+    env = {**os.environ, **lake.child_env(EXT, cat, data)}
+    jobs = [subprocess.Popen([str(a) for a in [
+        sys.executable, os.path.join(HERE, "run_job.py"), str(tmp_path / f"h{i}.duckdb"), f"file:{SKEW}", 1000, 200,
+        f"job='j{i}'", f"windows_table='lake.w{i}'", "late_table='lake.late_events'",
+        "dead_letter_table='lake.dead_letters'", "flush=true"]], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True) for i in range(3)]
+    outs = [p.communicate(timeout=120) for p in jobs]
+    for p, (_, err) in zip(jobs, outs):
+        assert p.returncode == 0, err
+    con = lake.connect(tmp_path / "check.duckdb", EXT, cat, data)
+    want = reference(tmp_path, f"file:{SKEW}", "upsert")
+    for job, windows in [("a", "lake.windows")] + [(f"j{i}", f"lake.w{i}") for i in range(3)]:
+        got = (rows(con, WINDOWS, windows), rows(con, LATE + f" WHERE job = '{job}'", "lake.late_events"),
+               rows(con, DEAD + f" WHERE job = '{job}'", "lake.dead_letters"))
+        assert got == want, job
+    owners = con.execute("SELECT table_name, job FROM lake.streaming_etl_tables WHERE exclusive ORDER BY ALL").fetchall()
+    assert owners == [("w0", "j0"), ("w1", "j1"), ("w2", "j2"), ("windows", "a")]
     con.close()

@@ -37,7 +37,7 @@ def rows(con, table, exclude=""):
 
 def outputs(con):
     out = {t: rows(con, t) for t in TARGETS}
-    out["late"] = rows(con, "late_events", "EXCLUDE (ingest_time_ms)")
+    out["late"] = rows(con, "late_events", "EXCLUDE (ingest_time_ms, job)")
     return out
 
 

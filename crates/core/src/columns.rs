@@ -112,6 +112,9 @@ pub struct TypedColumn {
     /// The DuckDB type as DuckDB prints it.
     pub sql_type: String,
     pub repr: Repr,
+    /// A missing or null value is the Kafka message key (as the parameter form's key falls
+    /// back to it): the stream's `key` of a job written as SQL.
+    pub message_key: bool,
 }
 
 impl TypedColumn {
@@ -121,6 +124,16 @@ impl TypedColumn {
             name: name.to_string(),
             sql_type: sql_type.to_string(),
             repr: Repr::of(sql_type),
+            message_key: false,
+        }
+    }
+
+    /// The stream's `key` of a job written as SQL: the field at `path` as text, or the Kafka
+    /// message key where the message has no such field (or it is null).
+    pub fn message_key(path: FieldPath) -> TypedColumn {
+        TypedColumn {
+            message_key: true,
+            ..TypedColumn::new(path, "key", "VARCHAR")
         }
     }
 

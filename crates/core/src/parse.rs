@@ -150,6 +150,7 @@ impl ChunkParser {
                                 asks: &mut c.asks,
                                 reasons: &mut c.reasons,
                                 record: (payload, c.schemas[i]),
+                                msg_key,
                             };
                             let typed = own_typed(&self.plan, &fields, i as u32, answers, out);
                             let rest = typed
@@ -215,6 +216,8 @@ struct TypedOut<'c> {
     asks: &'c mut Vec<Ask>,
     reasons: &'c mut Vec<String>,
     record: (&'c [u8], Option<u32>),
+    /// The Kafka message key, if the message has one.
+    msg_key: Option<&'c [u8]>,
 }
 
 /// Converts message `i`'s typed columns into the chunk (a value only DuckDB can convert is
@@ -246,7 +249,17 @@ fn own_typed(
             None => plan.convert(fields, j)?,
         };
         let cell = match v {
-            Converted::Null => OwnedTyped::Null,
+            Converted::Null => match c.msg_key.filter(|_| plan.typed()[j].message_key) {
+                Some(k) => match std::str::from_utf8(k) {
+                    Ok(k) => {
+                        let start = c.texts.len() as u32;
+                        c.texts.extend_from_slice(k.as_bytes());
+                        OwnedTyped::Text(start, c.texts.len() as u32)
+                    }
+                    Err(_) => return Err(Reject::KeyNotUtf8),
+                },
+                None => OwnedTyped::Null,
+            },
             Converted::Bool(b) => OwnedTyped::Bool(b),
             Converted::Int(x) => OwnedTyped::Int(x),
             Converted::Double(x) => OwnedTyped::Double(x),

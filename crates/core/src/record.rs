@@ -95,6 +95,8 @@ pub(crate) struct TypedInput {
     pub path: usize,
     pub repr: Repr,
     pub sql_type: String,
+    /// A missing or null value falls back to the Kafka message key.
+    pub message_key: bool,
 }
 
 /// The aggregates of most jobs fit in this many inputs.
@@ -180,6 +182,7 @@ impl FieldPlan {
                 path: index(&c.path),
                 repr: c.repr,
                 sql_type: c.sql_type.clone(),
+                message_key: c.message_key,
             })
             .collect();
         let key_typed = cfg

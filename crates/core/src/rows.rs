@@ -82,6 +82,9 @@ pub enum Role {
     Computed(String),
     /// In the rows only, not in the table: what the sink needs to compute the others.
     Hidden,
+    /// In the table only: every row takes this SQL value (the job's name, in a table several
+    /// jobs share). The rows have no slot for it, so such columns come after all of theirs.
+    Given { sql_type: String, value: String },
 }
 
 impl Column {
@@ -97,7 +100,7 @@ impl Column {
     pub fn sql_type(&self) -> Option<&str> {
         match &self.role {
             Role::Plain => Some(self.ty.sql()),
-            Role::Cast(t) | Role::Computed(t) => Some(t),
+            Role::Cast(t) | Role::Computed(t) | Role::Given { sql_type: t, .. } => Some(t),
             Role::Hidden => None,
         }
     }
@@ -161,8 +164,29 @@ impl TableSchema {
         )
     }
 
+    /// The types of the rows' columns (a given column has no place in them).
     pub fn types(&self) -> Vec<ColumnType> {
-        self.columns.iter().map(|c| c.ty).collect()
+        self.columns
+            .iter()
+            .filter(|c| !matches!(c.role, Role::Given { .. }))
+            .map(|c| c.ty)
+            .collect()
+    }
+
+    /// The same table with a column every row of which takes `value` (a SQL literal), last;
+    /// `key`: it leads the primary key (a table shared by jobs: its key names the job).
+    pub fn with_given(&self, name: &str, sql_type: &str, value: &str, key: bool) -> TableSchema {
+        let mut s = self.clone();
+        let mut c = Column::new(name, ColumnType::Varchar);
+        c.role = Role::Given {
+            sql_type: sql_type.to_string(),
+            value: value.to_string(),
+        };
+        s.columns.push(c);
+        if key && !s.primary_key.is_empty() {
+            s.primary_key.insert(0, name.to_string());
+        }
+        s
     }
 
     /// The columns the table has (all but the hidden ones), with their place in the rows.

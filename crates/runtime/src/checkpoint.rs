@@ -163,6 +163,8 @@ pub struct CheckpointRow {
     pub last_update_ms: i64,
     /// '' (read), 'released' or 'deleted' (see `PartitionState::status`).
     pub status: Option<String>,
+    /// The checkpoint it was read from (`:memory:` for an in-memory one).
+    pub checkpoint: String,
 }
 
 /// A job recorded as started in the background and not stopped since.
@@ -673,6 +675,7 @@ impl Checkpoint {
                     lateness_ms: lateness,
                     last_update_ms: r.get(12)?,
                     status: r.get(13)?,
+                    checkpoint: String::new(),
                 })
             })
             .map_err(&err)?
@@ -854,10 +857,14 @@ pub fn inspect(
         CheckpointLocation::Memory => memory,
         CheckpointLocation::File(path) => Checkpoint::open_read_only(path)?,
     };
-    match checkpoint {
-        Some(c) => c.rows(job),
-        None => Ok(Vec::new()),
+    let mut rows = match checkpoint {
+        Some(c) => c.rows(job)?,
+        None => Vec::new(),
+    };
+    for r in &mut rows {
+        r.checkpoint = location.shown().to_string();
     }
+    Ok(rows)
 }
 
 #[cfg(test)]

@@ -10,10 +10,12 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use streaming_etl_core::{Actor, Batch, EtlError, OutputSchemas, PartitionState, Pool, Result};
+use streaming_etl_core::{
+    Actor, Batch, Counters, EtlError, OutputSchemas, PartitionState, Pool, Result,
+};
 
 use crate::checkpoint::{Checkpoint, CycleCommit};
-use crate::sink::{Output, OutputSink, Tables};
+use crate::sink::{Output, OutputSink, Tables, Written};
 
 /// Everything one cycle commits: the state after it and its output.
 pub struct CycleState {
@@ -27,6 +29,8 @@ pub struct CycleState {
     pub now_ms: i64,
     /// The run's last cycle: nothing is left in doubt after it.
     pub last: bool,
+    /// What the engine counted in the cycle (the sink may count its tables' part itself).
+    pub counts: Counters,
 }
 
 /// Where output goes and under which job.
@@ -41,10 +45,12 @@ pub struct Target {
     pub schemas: Arc<OutputSchemas>,
 }
 
-/// A cycle made durable: its partitions' next offsets, and its (emptied) batch back for reuse.
+/// A cycle made durable: its partitions' next offsets, its (emptied) batch back for reuse, and
+/// what it counted as its tables hold it.
 pub struct Committed {
     pub offsets: Vec<(i32, i64)>,
     pub batch: Batch,
+    pub counts: Counters,
 }
 
 /// Cycles committed (or failed), in order, not yet taken by the run.
@@ -88,10 +94,15 @@ impl Writer {
             .collect();
         state.batch.clear();
         let batch = state.batch;
+        let counts = state.counts;
         w.done
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push_back(result.map(|()| Committed { offsets, batch }));
+            .push_back(result.map(|written| Committed {
+                offsets,
+                batch,
+                counts: written.over(counts),
+            }));
     }
 }
 
@@ -197,7 +208,7 @@ fn commit(
     sink: &mut dyn OutputSink,
     target: &mut Target,
     state: &CycleState,
-) -> Result<()> {
+) -> Result<Written> {
     crate::fault::panic_point("commit");
     state.batch.check().map_err(EtlError::Internal)?;
     checkpoint.commit_state(
@@ -213,8 +224,9 @@ fn commit(
             now_ms: state.now_ms,
         },
     )?;
+    let mut written = Written::default();
     if let Some(seq) = state.seq {
-        sink.apply(&Output {
+        written = sink.apply(&Output {
             job: &target.job,
             seq,
             job_created_ms: target.job_created_ms,
@@ -229,5 +241,5 @@ fn commit(
             checkpoint.settle(&target.job, seq)?;
         }
     }
-    Ok(())
+    Ok(written)
 }

@@ -7,6 +7,7 @@
 //! so a member whose partition moved while it was paused cannot commit for it afterwards.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,7 @@ use streaming_etl_core::{
 use crate::clock::Clock;
 use crate::config::JobConfig;
 use crate::job::{next_row_due, RunStats};
+use crate::sink::Written;
 
 /// Messages a task reads before the next task has its turn (tasks share the thread).
 const TURN_MESSAGES: u64 = 20_000;
@@ -82,8 +84,12 @@ pub trait PartitionStore: Send {
 
     /// Commits the partitions' rows and states in one transaction, provided each state row is
     /// still this member's; otherwise nothing is written and the partitions that moved are
-    /// returned.
-    fn commit(&mut self, owner: &str, parts: &[PartitionCommit<'_>]) -> Result<Vec<Moved>>;
+    /// returned. With what the store counted of the rows it wrote.
+    fn commit(
+        &mut self,
+        owner: &str,
+        parts: &[PartitionCommit<'_>],
+    ) -> Result<(Vec<Moved>, Written)>;
 }
 
 /// Takes partitions over (the group source calls it when the group assigns them, before they
@@ -121,6 +127,11 @@ pub trait GroupSource: Send {
     /// After a rebalance: the partitions this member kept, each to be read on from the given
     /// offset (a rebalance may move the client's own fetch position of a partition it keeps).
     fn resume_at(&mut self, positions: &[(i32, i64)]) -> Result<()>;
+    /// A fault the member rides out (its brokers out of reach for longer than its timeout),
+    /// for reports; None while the group answers.
+    fn unreachable(&mut self) -> Option<String> {
+        None
+    }
 }
 
 /// Opens the group, given how it claims partitions.
@@ -183,12 +194,17 @@ pub struct GroupRun {
     retired: streaming_etl_core::Counters,
     /// Tasks' counts as of their last commit (what `retired` takes on a revoke).
     committed_counts: BTreeMap<i32, streaming_etl_core::Counters>,
+    /// What the store counted of its tables beyond the engine's counts (see `Written`):
+    /// windows, late events.
+    written_adjust: (i64, i64),
     /// Partitions whose commit found a newer owner, with what was said about it.
     pub moved: Vec<Moved>,
     /// Each task's generation as of the last rebalance (tells kept tasks from new ones).
     generations: BTreeMap<i32, i64>,
     /// Partitions whose commit found another owner, and when.
     fenced: BTreeMap<i32, Instant>,
+    /// Set by another thread to end the current cycle at once (see [`GroupRun::interrupter`]).
+    interrupt: Arc<AtomicBool>,
 }
 
 /// The engine of one partition, resumed from its stored state.
@@ -264,6 +280,8 @@ impl GroupRun {
             clock,
             retired: Default::default(),
             committed_counts: BTreeMap::new(),
+            written_adjust: (0, 0),
+            interrupt: Arc::new(AtomicBool::new(false)),
             moved: Vec::new(),
             generations: BTreeMap::new(),
             fenced: BTreeMap::new(),
@@ -403,6 +421,10 @@ impl GroupRun {
         let row_due = next_row_due(&mut self.next_row_due, self.cfg.checkpoint_interval_ms);
         let join_deadline = self.started + self.group.join_timeout();
         let stop = loop {
+            if self.interrupt.load(Ordering::Relaxed) {
+                // What the tasks read so far is committed as at any cycle's end.
+                break Stop::CycleEnd;
+            }
             self.serve_group(Duration::ZERO)?;
             self.reclaim_fenced()?;
             if !self.group.joined() {
@@ -555,7 +577,7 @@ impl GroupRun {
                 follow: false,
                 rolling: false,
                 quiet_flush_ms: self.cfg.quiet_flush_ms,
-                interrupt: None,
+                interrupt: Some(Arc::clone(&self.interrupt)),
             };
             self.pool
                 .submit(Box::new(move || lock(&turn).take(limits, &*clock)));
@@ -641,6 +663,7 @@ impl GroupRun {
                 open_windows: Some(open_windows),
             });
         }
+        let mut written = Written::default();
         while !ids.is_empty() {
             let parts: Vec<PartitionCommit<'_>> = ids
                 .iter()
@@ -657,7 +680,9 @@ impl GroupRun {
                 .collect();
             let moved = {
                 let mut store = self.store.lock().unwrap_or_else(PoisonError::into_inner);
-                store.commit(&self.owner, &parts)?
+                let (moved, w) = store.commit(&self.owner, &parts)?;
+                written = w;
+                moved
             };
             drop(parts);
             if moved.is_empty() {
@@ -678,8 +703,11 @@ impl GroupRun {
             }
         }
         let mut offsets = Vec::new();
+        let mut engine = streaming_etl_core::Counters::default();
         for (p, s) in ids.iter().zip(states) {
             if let Some(t) = self.tasks.get_mut(p) {
+                let before = self.committed_counts.get(p).copied().unwrap_or_default();
+                add(&mut engine, crate::job::minus(t.engine.counters(), before));
                 t.seq = s.seq;
                 t.committed_offset = s.next_offset;
                 t.committed_watermark_ms = s.watermark_ms;
@@ -687,6 +715,12 @@ impl GroupRun {
                 offsets.push((*p, s.next_offset));
                 self.committed_counts.insert(*p, t.engine.counters());
             }
+        }
+        if let Some(w) = written.windows {
+            self.written_adjust.0 += w as i64 - engine.windows_emitted as i64;
+        }
+        if let Some(l) = written.late {
+            self.written_adjust.1 += l as i64 - engine.late_events as i64;
         }
         for t in self.tasks.values_mut() {
             t.batch.clear();
@@ -702,6 +736,18 @@ impl GroupRun {
         self.cfg.threads
     }
 
+    /// A flag that, once set, ends the cycle in progress early (the tasks' turns within a wait
+    /// of their sources), everything read so far committed as at any cycle's end: how a
+    /// background job stops without waiting out its cycle.
+    pub fn interrupter(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.interrupt)
+    }
+
+    /// A fault the member rides out (its brokers out of reach), for reports.
+    pub fn unreachable(&mut self) -> Option<String> {
+        self.group.unreachable()
+    }
+
     /// How far the member's partitions are behind the high watermarks its consumer last saw
     /// (messages); None before any partition is assigned.
     pub fn lag(&self) -> Option<i64> {
@@ -711,11 +757,17 @@ impl GroupRun {
             .fold(None, |sum, l| Some(sum.unwrap_or(0) + l))
     }
 
+    /// The run's row: the counts of what it committed.
     pub fn stats(&self) -> RunStats {
         let mut c = self.retired;
-        for t in self.tasks.values() {
-            add(&mut c, t.engine.counters());
+        for p in self.tasks.keys() {
+            if let Some(done) = self.committed_counts.get(p) {
+                add(&mut c, *done);
+            }
         }
+        let adjust = |n: u64, by: i64| (n as i64 + by).max(0) as u64;
+        c.windows_emitted = adjust(c.windows_emitted, self.written_adjust.0);
+        c.late_events = adjust(c.late_events, self.written_adjust.1);
         // The watermark reported is the lowest of the tasks' (each closes on its own).
         let watermark = self
             .tasks

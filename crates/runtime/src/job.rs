@@ -57,6 +57,26 @@ pub struct RunStats {
     pub status: &'static str,
 }
 
+/// `a - b`, count by count (`b` counted before `a`, by the same engine).
+pub fn minus(a: Counters, b: Counters) -> Counters {
+    Counters {
+        events_consumed: a.events_consumed.saturating_sub(b.events_consumed),
+        windows_emitted: a.windows_emitted.saturating_sub(b.windows_emitted),
+        late_events: a.late_events.saturating_sub(b.late_events),
+        dead_letters: a.dead_letters.saturating_sub(b.dead_letters),
+    }
+}
+
+/// `a + b`, count by count.
+pub fn plus(a: Counters, b: Counters) -> Counters {
+    Counters {
+        events_consumed: a.events_consumed + b.events_consumed,
+        windows_emitted: a.windows_emitted + b.windows_emitted,
+        late_events: a.late_events + b.late_events,
+        dead_letters: a.dead_letters + b.dead_letters,
+    }
+}
+
 /// When this cycle's result row is due, given when it was (`due`, updated for the next cycle):
 /// rows are due on a fixed grid, so a cycle that ran long does not push the next ones back.
 pub(crate) fn next_row_due(due: &mut Option<Instant>, interval_ms: i64) -> Instant {
@@ -127,6 +147,11 @@ pub struct Run {
     spare: Vec<Batch>,
     /// Set by another thread to end the current cycle at once (see [`Run::interrupter`]).
     interrupt: Arc<AtomicBool>,
+    /// The engine's counts as of the last cycle handed to the committer.
+    submitted: Counters,
+    /// The counts of the cycles committed, as their tables hold them: what the run reports (a
+    /// cycle that failed to commit, and is read again by the next run, counts nowhere).
+    committed: Counters,
     /// Declared before the lock: dropping the run finishes its commits, then frees the job.
     committer: Committer,
     _lock: JobLock,
@@ -317,6 +342,8 @@ impl Run {
             clock,
             spare: Vec::new(),
             interrupt: Arc::new(AtomicBool::new(false)),
+            submitted: Counters::default(),
+            committed: Counters::default(),
             committer,
             _lock: lock,
         })
@@ -445,6 +472,9 @@ impl Run {
             self.next_seq += 1;
             self.next_seq - 1
         });
+        let now = self.engine.counters();
+        let counts = minus(now, self.submitted);
+        self.submitted = now;
         self.committer.submit(CycleState {
             watermark_ms: self.engine.watermark_ms(),
             open_windows,
@@ -454,6 +484,7 @@ impl Run {
             seq,
             now_ms: self.clock.wall_ms(),
             last: self.is_done(),
+            counts,
         })
     }
 
@@ -462,11 +493,18 @@ impl Run {
     fn confirm(&mut self, wait: bool) -> Result<()> {
         for done in self.committer.committed(wait)? {
             self.source.checkpointed(&done.offsets)?;
+            self.committed = plus(self.committed, done.counts);
             if self.spare.len() < 2 {
                 self.spare.push(done.batch);
             }
         }
         Ok(())
+    }
+
+    /// Waits until every cycle handed to the committer is committed (or failed): the counts of
+    /// [`Run::stats`] are then the run's last.
+    pub fn finish(&mut self) -> Result<()> {
+        self.confirm(true)
     }
 
     /// The threads the run's parsing and windows use.
@@ -496,10 +534,11 @@ impl Run {
         self.source.unreachable()
     }
 
+    /// The run's row: the counts of what it committed.
     pub fn stats(&self) -> RunStats {
         RunStats::new(
             &self.cfg.job,
-            self.engine.counters(),
+            self.committed,
             self.engine.watermark_ms(),
             self.started,
             (self.engine.open_windows(), self.source.partitions().len()),

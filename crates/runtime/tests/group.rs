@@ -18,6 +18,7 @@ use streaming_etl_runtime::group::{
     Claim, Claimer, GroupEnv, GroupEvent, GroupRun, GroupSource, Moved, PartitionCommit,
     PartitionSnapshot, PartitionStore,
 };
+use streaming_etl_runtime::sink::Written;
 
 /// The catalog: state rows by partition, and the output rows (windows keyed, as upserts are).
 #[derive(Default)]
@@ -58,7 +59,11 @@ impl PartitionStore for Store {
         Ok(claims)
     }
 
-    fn commit(&mut self, owner: &str, parts: &[PartitionCommit<'_>]) -> Result<Vec<Moved>> {
+    fn commit(
+        &mut self,
+        owner: &str,
+        parts: &[PartitionCommit<'_>],
+    ) -> Result<(Vec<Moved>, Written)> {
         let mut lake = self.0.lock().unwrap();
         for p in std::mem::take(&mut lake.steal) {
             let (g, _, s) = lake
@@ -81,7 +86,7 @@ impl PartitionStore for Store {
             })
             .collect();
         if !moved.is_empty() {
-            return Ok(moved);
+            return Ok((moved, Written::default()));
         }
         for p in parts {
             for mut row in p.batch.windows.to_vec() {
@@ -98,7 +103,7 @@ impl PartitionStore for Store {
                 (p.generation, owner.into(), Some(p.state.clone())),
             );
         }
-        Ok(Vec::new())
+        Ok((Vec::new(), Written::default()))
     }
 }
 

@@ -18,7 +18,7 @@ use streaming_etl_runtime::checkpoint::Checkpoint;
 use streaming_etl_runtime::config::{CheckpointLocation, JobConfig};
 use streaming_etl_runtime::job::{Run, RunEnv};
 use streaming_etl_runtime::lock::{JobLock, MemoryLocks};
-use streaming_etl_runtime::sink::{Output, OutputSink, Tables};
+use streaming_etl_runtime::sink::{Output, OutputSink, Tables, Written};
 
 /// Table name → primary key (shown) → row.
 type TableRows = BTreeMap<String, BTreeMap<String, Vec<OwnedCell>>>;
@@ -62,7 +62,7 @@ impl OutputSink for MemorySink {
         Ok(())
     }
 
-    fn apply(&mut self, out: &Output<'_>) -> Result<()> {
+    fn apply(&mut self, out: &Output<'_>) -> Result<Written> {
         let left = self.ok_applies.load(Ordering::SeqCst);
         if left == 0 && !self.fail_after_write {
             let mut stored = Vec::new();
@@ -101,7 +101,7 @@ impl OutputSink for MemorySink {
             return Err(EtlError::Internal("injected crash after the write".into()));
         }
         self.ok_applies.fetch_sub(1, Ordering::SeqCst);
-        Ok(())
+        Ok(Written::default())
     }
 
     fn landed(&mut self, _: &Tables, job: &str, created_ms: i64, seq: i64) -> Result<bool> {
@@ -258,6 +258,55 @@ fn output_committed_but_not_written_is_written_by_the_next_run() {
             assert_eq!(pending, 0);
         }
     }
+}
+
+#[test]
+fn a_cycle_that_failed_to_commit_counts_nowhere() {
+    // A run whose batch fails to commit reports none of it; the run after it reads that cycle
+    // again, and the runs' counts add up to what the tables hold, every message once.
+    let h = Harness::new();
+    let first = config(CheckpointLocation::Memory, Some(300), 1000);
+    let mut run = Run::start(Arc::new(first), h.env(false).unwrap()).unwrap();
+    while run.cycle().unwrap() {}
+    let a = run.stats();
+    drop(run);
+    assert_eq!(a.events_consumed, 300);
+    let rest = config(CheckpointLocation::Memory, None, 1000);
+    h.ok_applies.store(0, Ordering::SeqCst);
+    let mut run = Run::start(Arc::new(rest.clone()), h.env(false).unwrap()).unwrap();
+    let failed = loop {
+        match run.cycle() {
+            Ok(true) => {}
+            Ok(false) => panic!("the sink should have failed"),
+            Err(e) => break e,
+        }
+    };
+    assert!(failed.to_string().contains("injected"), "{failed}");
+    let b = run.stats();
+    drop(run);
+    assert_eq!(
+        (
+            b.events_consumed,
+            b.windows_emitted,
+            b.late_events,
+            b.dead_letters
+        ),
+        (0, 0, 0, 0)
+    );
+    h.ok_applies.store(usize::MAX, Ordering::SeqCst);
+    let mut run = Run::start(Arc::new(rest), h.env(false).unwrap()).unwrap();
+    while run.cycle().unwrap() {}
+    let c = run.stats();
+    assert_eq!(a.events_consumed + c.events_consumed, 900);
+    let counted = |table: &str| h.tables.count(table) as u64;
+    assert_eq!(
+        (
+            a.windows_emitted + c.windows_emitted,
+            a.late_events + c.late_events,
+            a.dead_letters + c.dead_letters
+        ),
+        (counted("windows"), counted("late"), counted("dead"))
+    );
 }
 
 #[test]
