@@ -230,6 +230,7 @@ bench: release tools configure $(NEXMARK)
 	$(PY) scripts/bench_formats.py
 	$(PY) scripts/bench_json_libs.py
 	$(PY) scripts/bench_emit.py
+	$(PY) scripts/bench_upsert.py
 	$(PY) scripts/bench_sql_aggregates.py
 	$(PY) scripts/bench_sql_jobs.py
 	$(PY) scripts/bench_sql_sets.py
@@ -240,14 +241,17 @@ bench: release tools configure $(NEXMARK)
 
 # A continuous job for SOAK_MINUTES (default 10) at 30,000 events/s with kills, a broker restart and
 # a catalog restart: RSS, WAL, temp files and duckdb_memory() every 10 s, the accounting at the end;
-# in the foreground and in the background (run by scripts/serve.py); figures and a plot into
-# docs/reliability.md and docs/soak.png (scripts/soak.py).
+# in the foreground and in the background (run by scripts/serve.py); then 30 minutes of one process
+# that samples itself (RSS, DuckDB's tracked memory, glibc's heap, DuckDB's eviction queues), which
+# fails when its memory outside DuckDB's grows more than 10 MB; figures and plots into
+# docs/reliability.md, docs/soak.png and docs/soak_memory.png (scripts/soak.py).
 soak: release tools configure
 	$(PY) -m pip install -q matplotlib
 	$(PY) scripts/soak.py --variant=files --variant=kafka --variant=fg-upsert
 	$(PY) scripts/soak.py --variant=files --prepared
 	$(LTS_PY) scripts/soak.py --variant=lake
-	$(PY) scripts/soak.py --variant=bg-append --variant=bg-upsert --variant=bg-sql --variant=bg-every
+	$(PY) scripts/soak.py --variant=bg-append --variant=bg-upsert --variant=bg-upsert-close --variant=bg-sql --variant=bg-every
+	SOAK_MINUTES=30 $(PY) scripts/soak.py --variant=bg-memory
 	$(PY) scripts/soak.py --plot-only --write-docs
 
 # Rewrites the parameter table in README.md from the declaration in src/params/table.rs.

@@ -65,11 +65,13 @@ def dir_size(path):
     return total
 
 
-def rss_mb(pid="self"):
+def rss_mb(pid="self", field="VmRSS"):
+    """The process's resident memory in MB (`field`: VmRSS, or RssAnon: its anonymous pages,
+    not the pages of the code it runs, which the kernel reads from the files as they are used)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -79,17 +81,24 @@ def rss_mb(pid="self"):
 # --- the job's process ----------------------------------------------------------------------
 
 
-def job_main(spec):
-    """The job: one DuckDB connection runs the follow job; a second cursor samples."""
+def open_db(spec):
+    """The job's database, with the extension loaded and the spec's setup run."""
     import duckdb
-    db = spec["db"]
     config = {"allow_unsigned_extensions": "true"}
-    if spec.get("extension_directory"):
-        config["extension_directory"] = spec["extension_directory"]
-    con = duckdb.connect(db, config=config)
+    for option in ("extension_directory", "memory_limit"):
+        if spec.get(option):
+            config[option] = spec[option]
+    con = duckdb.connect(spec["db"], config=config)
     con.execute(f"LOAD '{ext_path()}'")
     if spec.get("setup"):
         con.execute(spec["setup"])
+    return con
+
+
+def job_main(spec):
+    """The job: one DuckDB connection runs the follow job; a second cursor samples."""
+    db = spec["db"]
+    con = open_db(spec)
     sampler = con.cursor()
     started = time.time()
 
@@ -122,14 +131,74 @@ def job_main(spec):
     con.close()
 
 
+def heap_in_use_mb():
+    """glibc's heap in use in this process (`mallinfo2()`: the arenas' allocated bytes and the
+    mmapped chunks): the extension's Rust heap, SQLite, librdkafka and DuckDB's C++ objects that
+    live outside its buffer manager."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+        m = libc.mallinfo2()
+        return round((m.uordblks + m.hblkhd) / 1e6, 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def job_in_process_main(spec):
+    """A background job started by this process, which then samples itself as an operator's
+    process would (reading every result whole): RSS, glibc's heap in use, DuckDB's tracked
+    memory and eviction queues, the WAL, and the job's row."""
+    db = spec["db"]
+    con = open_db(spec)
+    again = os.path.exists(db + ".streaming_etl.sqlite")
+    if again:
+        con.execute("SELECT * FROM streaming_etl_resume()").fetchall()
+    else:
+        con.execute(f"SELECT * FROM {call_of(spec, spec['named'])}").fetchall()
+    started = time.time()
+    queues = "duckdb_eviction_queues" in {r[0] for r in con.execute(
+        "SELECT function_name FROM duckdb_functions()").fetchall()}
+    while True:
+        time.sleep(SAMPLE_S)
+        tracked = con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()").fetchall()[0][0]
+        mem = {tag: round(used / 1e6, 1) for tag, used in con.execute(
+            "SELECT tag, memory_usage_bytes FROM duckdb_memory() WHERE memory_usage_bytes > 0").fetchall()}
+        nodes = dead = per_queue = None
+        if queues:
+            nodes, dead, per_queue = con.execute(
+                "SELECT sum(approximate_size), sum(dead_nodes), list(approximate_size ORDER BY queue_index) "
+                "FROM duckdb_eviction_queues()").fetchall()[0]
+        cur = con.execute("SELECT * FROM streaming_etl_jobs()")
+        cols = [d[0] for d in cur.description]
+        rows = cur.fetchall()
+        wanted = ("state", "events_consumed", "open_windows", "state_bytes", "wal_bytes", "warning")
+        job = {k: str(v) for k, v in zip(cols, rows[0]) if k in wanted} if rows else None
+        wal = db + ".wal"
+        rss = rss_mb()
+        anon = rss_mb(field="RssAnon")
+        print(json.dumps({"sample": True, "t": time.time(), "uptime": round(time.time() - started, 1),
+                          "rss_mb": rss, "rss_anon_mb": anon,
+                          "untracked_anon_mb": round(anon - tracked / 1e6, 2) if anon else None,
+                          "wal_mb": os.path.getsize(wal) / 1e6 if os.path.exists(wal) else 0,
+                          "tmp_mb": dir_size(db + ".tmp") / 1e6, "memory_mb": mem, "tracked_mb": round(tracked / 1e6, 2),
+                          "untracked_mb": round(rss - tracked / 1e6, 2) if rss else None, "heap_mb": heap_in_use_mb(),
+                          "queue_nodes": nodes, "dead_nodes": dead, "queues": per_queue, "job": job}),
+              flush=True)
+
+
 # --- producers ------------------------------------------------------------------------------
 
 
 class Producer:
-    """Writes `rate` events/s until stopped; counts what it sent."""
+    """Writes `rate` events/s over `keys` keys until stopped; counts what it sent."""
 
-    def __init__(self, rate, write):
-        self.rate, self.write = rate, write
+    def __init__(self, rate, write, keys=KEYS):
+        self.rate, self.write, self.keys = rate, write, keys
         self.sent = 0
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
@@ -149,7 +218,7 @@ class Producer:
                 if rnd.random() < 0.02:
                     t -= rnd.randint(2000, 5000)
                 lines[i % PARTITIONS].append(json.dumps(
-                    {"key": f"k{i % KEYS}", "event_time_ms": t, "payload": {"value": i % 100}}))
+                    {"key": f"k{i % self.keys}", "event_time_ms": t, "payload": {"value": i % 100}}))
                 self.sent += 1
             self.write(lines)
             next_t += tick
@@ -207,7 +276,10 @@ class Job:
         self.samples = []
         self.rows = 0
         self.serving = None
-        if spec.get("background"):
+        if spec.get("in_process"):
+            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--job-in-process", json.dumps(spec)],
+                                         stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+        elif spec.get("background"):
             # The service runner: it starts the job in the background and waits, no statement open.
             jobs_sql = os.path.join(os.path.dirname(spec["db"]), "jobs.sql")
             with open(jobs_sql, "w") as f:
@@ -312,6 +384,9 @@ SQL_JOB = ("INSERT INTO by_region SELECT r.region, window_start, count(*) AS n, 
 REGIONS = ("CREATE TABLE IF NOT EXISTS regions AS SELECT 'k' || i AS key, 'r' || (i % 5) AS region "
            f"FROM range({KEYS}) t(i)")
 UPSERT_UPDATE = ", follow := true, emit := 'update', late_updates_ms := 5000"
+# `bg-memory` fails when the process's memory outside DuckDB's tracked memory grows more than this
+# from minute 2 to the end.
+UNTRACKED_GROWTH_MAX_MB = 10
 # variant: (what the job does, its named arguments, runs in the background)
 VARIANTS = {
     "files": ("files, append", ", follow := true, write_mode := 'append'", False),
@@ -320,13 +395,17 @@ VARIANTS = {
     "fg-upsert": ("files, upsert + update + late updates, PREPARE/EXECUTE", UPSERT_UPDATE, False),
     "bg-append": ("files, append", ", follow := true, write_mode := 'append', background := true", True),
     "bg-upsert": ("files, upsert + update + late updates", UPSERT_UPDATE + ", background := true", True),
+    "bg-upsert-close": ("files, upsert", ", follow := true, background := true", True),
     "bg-sql": ("files, SQL job: lookup join + median", ", follow := true, background := true, "
                "columns := {'key': 'VARCHAR', 'payload.value AS v': 'DOUBLE'}", True),
     "bg-every": ("files, append, every 30 s", ", write_mode := 'append', every := INTERVAL '30 seconds'", True),
+    # Issue 65's job: one process for the whole run, which samples itself.
+    "bg-memory": ("files, upsert + update + late updates, 200 keys, memory_limit 128MB, one process sampling itself",
+                  UPSERT_UPDATE + ", background := true", True),
 }
 
 
-def soak(variant, minutes, rate, kill_every, prepared, label=None):
+def soak(variant, minutes, rate, kill_every, prepared, label=None, in_process=False):
     work = os.path.join(ROOT, "bench-out", f"soak-{variant}{'-prepared' if prepared else ''}-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -335,6 +414,15 @@ def soak(variant, minutes, rate, kill_every, prepared, label=None):
     prepared = prepared or variant == "fg-upsert"
     spec = {"db": db, "prepared": prepared, "named": named, "background": background,
             "tables": ("windows", "late_events", "dead_letters")}
+    keys = KEYS
+    if variant == "bg-memory" or (in_process and background):
+        # One process for the whole run, sampling itself (never killed).
+        spec.update(in_process=True, memory_limit="128MB")
+        kill_every = minutes * 60 + 60
+        if variant == "bg-memory":
+            keys = 200
+        else:
+            label = label or f"background: {what}, memory_limit 128MB, one process sampling itself"
     if variant == "bg-sql":
         spec.update(sql=SQL_JOB, setup=REGIONS, count_column="n", window_key="region, window_start",
                     tables=("by_region", "late_events", "dead_letters"))
@@ -362,7 +450,7 @@ def soak(variant, minutes, rate, kill_every, prepared, label=None):
         spec["named"] += ", windows_table := 'lake.windows'"
         spec["tables"] = ("lake.windows", "lake.late_events", "lake.dead_letters")
     log = open(os.path.join(work, "job.log"), "w")
-    producer = Producer(rate, writer)
+    producer = Producer(rate, writer, keys)
     began = time.time()
     end = began + minutes * 60
     jobs = [Job(spec, log)]
@@ -426,8 +514,39 @@ def soak(variant, minutes, rate, kill_every, prepared, label=None):
                 out = g if out is None else max(out, g)
         return None if out is None else round(out, 1)
 
+    def slope(key, after_s=120):
+        """The steepest per-process least-squares slope of `key` after `after_s` of uptime, in MB
+        per hour (a process sampled for at least a minute more)."""
+        out = None
+        for j in jobs:
+            pts = [(x["uptime"], x[key]) for x in samples
+                   if x["pid"] == j.proc.pid and x["uptime"] >= after_s and x.get(key) is not None]
+            if len(pts) < 6:
+                continue
+            n = len(pts)
+            mx = sum(p[0] for p in pts) / n
+            my = sum(p[1] for p in pts) / n
+            var = sum((p[0] - mx) ** 2 for p in pts)
+            if var == 0:
+                continue
+            b = sum((p[0] - mx) * (p[1] - my) for p in pts) / var * 3600
+            out = b if out is None else max(out, b)
+        return None if out is None else round(out, 1)
+
+    def change(key, after_s=120):
+        """How much `key` changed from minute 2 to the end of the longest process: the mean of its
+        last minute's samples minus the mean of its samples in the minute after `after_s`."""
+        j = max(jobs, key=lambda j: sum(1 for x in samples if x["pid"] == j.proc.pid))
+        mine = [x for x in samples if x["pid"] == j.proc.pid and x.get(key) is not None]
+        start = [x[key] for x in mine if after_s <= x["uptime"] < after_s + 60]
+        end_at = mine[-1]["uptime"] if mine else 0
+        end = [x[key] for x in mine if x["uptime"] > end_at - 60]
+        if not start or not end or end_at < after_s + 120:
+            return None
+        return round(sum(end) / len(end) - sum(start) / len(start), 1)
+
     # A background job started again must have been resumed (else the last run did all the work).
-    resumed_all = all(j.serving == 1 for j in jobs) if background else True
+    resumed_all = all(j.serving == 1 for j in jobs) if background and not spec.get("in_process") else True
     result = {
         "variant": label or ("foreground: " + what + (", PREPARE/EXECUTE" if prepared else "")),
         "minutes": minutes, "rate": rate,
@@ -437,8 +556,19 @@ def soak(variant, minutes, rate, kill_every, prepared, label=None):
         "wal_peak_mb": peak(samples, "wal_mb"), "wal_peak_first_run_mb": peak(first, "wal_mb"),
         "wal_peak_later_runs_mb": peak(later, "wal_mb"), "tmp_peak_mb": peak(samples, "tmp_mb"),
         "rss_growth_after_first_minute_mb": growth(samples), "rss_peak_mb": peak(after_first_minute, "rss_mb"),
+        "rss_slope_mb_per_h": slope("rss_mb"),
         "samples": samples,
     }
+    if spec.get("in_process"):
+        # Issue 65's goals, from minute 2 to the end of the one process.
+        result.update({
+            "untracked_growth_mb": change("untracked_mb"), "untracked_anon_growth_mb": change("untracked_anon_mb"),
+            "heap_growth_mb": change("heap_mb"),
+            "queue_nodes_growth": change("queue_nodes"), "untracked_slope_mb_per_h": slope("untracked_mb"),
+            "heap_slope_mb_per_h": slope("heap_mb"),
+        })
+        grown = result["untracked_growth_mb"]
+        result["memory_flat"] = grown is not None and grown <= UNTRACKED_GROWTH_MAX_MB
     if broker is not None:
         broker.stop()
     if pg is not None:
@@ -464,15 +594,38 @@ def plot(results, path):
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+    memory = [r for r in results if "untracked_growth_mb" in r]
+    if memory:
+        fig, ax = plt.subplots(1, 1, figsize=(9, 4))
+        for r in memory:
+            xs = [s["at_s"] / 60 for s in r["samples"]]
+            for key, what in (("rss_mb", "RSS"), ("untracked_mb", "RSS minus DuckDB's tracked memory"),
+                              ("heap_mb", "glibc's heap in use")):
+                ax.plot(xs, [s.get(key) for s in r["samples"]], ".-", label=what, markersize=3)
+        ax.set_ylabel("MB")
+        ax.set_xlabel("minutes (one process, memory_limit = '128MB')")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path.replace(".png", "_memory.png"), dpi=90)
 
 
 def write_docs(results):
-    rows = ["| run | minutes | events/s | events | kills | fault | WAL peak MB (first run / later) | temp files peak MB | RSS growth after 1st min MB | exact | WAL after exit MB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| run | minutes | events/s | events | kills | fault | WAL peak MB (first run / later) | temp files peak MB | RSS growth after 1st min MB | RSS slope after minute 2, MB/h | exact | WAL after exit MB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         rows.append(f"| {r['variant']} | {r['minutes']} | {r['rate']:,} | {r['sent']:,} | {r['kills']} | {r['fault']} | "
                     f"{r['wal_peak_mb']} ({r['wal_peak_first_run_mb']} / {r['wal_peak_later_runs_mb'] if r['wal_peak_later_runs_mb'] is not None else '-'}) | {r['tmp_peak_mb']} | "
-                    f"{r['rss_growth_after_first_minute_mb']} | {'yes' if r['exact'] else 'NO'} | {r['wal_after_exit_mb']} |")
+                    f"{r['rss_growth_after_first_minute_mb']} | {r.get('rss_slope_mb_per_h', '-')} | {'yes' if r['exact'] else 'NO'} | {r['wal_after_exit_mb']} |")
+    memory = [r for r in results if "untracked_growth_mb" in r]
+    if memory:
+        rows += ["", "One process for the whole run, sampling itself (from minute 2 to the end):", "",
+                 "| run | minutes | RSS MB (end) | DuckDB's tracked memory MB (end) | untracked growth MB | untracked slope MB/h | glibc heap growth MB | heap slope MB/h | eviction queue nodes growth | WAL peak MB | exact |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in memory:
+            last = r["samples"][-1] if r["samples"] else {}
+            rows.append(f"| {r['variant']} | {r['minutes']} | {last.get('rss_mb', 0):.0f} | {last.get('tracked_mb', '-')} | "
+                        f"{r['untracked_growth_mb']} | {r['untracked_slope_mb_per_h']} | {r['heap_growth_mb']} | {r['heap_slope_mb_per_h']} | "
+                        f"{r['queue_nodes_growth']} | {r['wal_peak_mb']} | {'yes' if r['exact'] else 'NO'} |")
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     from docs_section import write_section
     write_section("docs/reliability.md", "soak", "make soak", "\n".join(rows))
@@ -482,6 +635,9 @@ def main():
     args = sys.argv[1:]
     if args and args[0] == "--job":
         job_main(json.loads(args[1]))
+        return
+    if args and args[0] == "--job-in-process":
+        job_in_process_main(json.loads(args[1]))
         return
     if args and args[0] == "--final":
         print(json.dumps(final_run(json.loads(args[1]))))
@@ -505,9 +661,10 @@ def main():
         os.environ["SOAK_EXTENSION"] = copy
     prepared = "--prepared" in args
     label = next((a.split("=", 1)[1] for a in args if a.startswith("--label=")), None)
+    in_process = "--in-process" in args
     results = []
     for v in variants:
-        r = soak(v, minutes, rate, kill_every, prepared, label)
+        r = soak(v, minutes, rate, kill_every, prepared, label, in_process)
         shown = {k: v for k, v in r.items() if k != "samples"}
         print(json.dumps(shown), flush=True)
         results.append(r)
@@ -518,7 +675,7 @@ def main():
         all_results = keep + results
         plot(all_results, os.path.join(ROOT, "docs", "soak.png"))
         write_docs(all_results)
-    if not all(r["exact"] for r in results):
+    if not all(r["exact"] and r.get("memory_flat", True) for r in results):
         sys.exit(1)
 
 

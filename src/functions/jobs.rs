@@ -119,6 +119,26 @@ pub const JOB_COLUMNS: &[ResultColumn<JobRow>] = &[
         ty: ColumnType::BigInt,
         get: |r| opt(r.next_run_ms),
     },
+    ResultColumn {
+        name: "open_windows",
+        ty: ColumnType::BigInt,
+        get: |r| count(r.open_windows),
+    },
+    ResultColumn {
+        name: "state_bytes",
+        ty: ColumnType::BigInt,
+        get: |r| count(r.state_bytes),
+    },
+    ResultColumn {
+        name: "wal_bytes",
+        ty: ColumnType::BigInt,
+        get: |r| opt(r.wal_bytes),
+    },
+    ResultColumn {
+        name: "warning",
+        ty: ColumnType::Varchar,
+        get: |r| r.warning.as_deref().map_or(Cell::Null, Cell::Str),
+    },
 ];
 
 /// Rows computed on the first call of a function and handed out a chunk at a time.

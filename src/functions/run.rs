@@ -193,7 +193,20 @@ impl Lender {
     fn checkout(self, host: &Arc<Host>) -> Result<crate::host::connections::PooledConn> {
         match self {
             Lender::Statement => host.checkout(),
-            Lender::Job => host.checkout_for_job(),
+            Lender::Job => {
+                let pooled = host.checkout_for_job()?;
+                // DuckDB's checkpoint threshold as the run starts: the WAL the jobs watch is
+                // judged against it (see `jobs::wal`).
+                let threshold = pooled.conn()?.query_row(
+                    "SELECT current_setting('checkpoint_threshold')::VARCHAR",
+                    [],
+                    |r| r.get::<_, String>(0),
+                );
+                if let Ok(t) = threshold {
+                    host.jobs().set_wal_threshold(&t);
+                }
+                Ok(pooled)
+            }
         }
     }
 

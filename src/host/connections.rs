@@ -88,6 +88,7 @@ impl Host {
     /// Takes the connections opened at load time and starts the watcher.
     pub fn start(conns: Vec<Connection>, db_path: Option<String>) -> Arc<Host> {
         AT_EXIT.call_once(|| crate::host::os::at_exit(on_exit));
+        let jobs = Jobs::new(db_path.as_deref());
         let host = Arc::new(Host {
             size: AtomicUsize::new(conns.len()),
             pool: Mutex::new(conns),
@@ -98,7 +99,7 @@ impl Host {
             db_path,
             memory_checkpoint: Mutex::new(None),
             memory_locks: Arc::new(MemoryLocks::default()),
-            jobs: Jobs::new(),
+            jobs,
             lent_to_jobs: AtomicUsize::new(0),
         });
         let watched = Arc::clone(&host);

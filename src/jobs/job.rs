@@ -12,6 +12,8 @@ use streaming_etl_core::EtlError;
 use streaming_etl_runtime::checkpoint::Checkpoint;
 use streaming_etl_runtime::job::RunStats;
 
+use super::wal::WalState;
+
 /// How far back `events_per_sec` looks.
 const RATE_WINDOW: Duration = Duration::from_secs(60);
 
@@ -87,6 +89,13 @@ pub struct JobRow {
     /// Attempts since the last cycle that succeeded.
     pub retries: u64,
     pub next_run_ms: Option<i64>,
+    /// Open windows, and the bytes of their state in its checkpoint form (its last cycle's).
+    pub open_windows: u64,
+    pub state_bytes: u64,
+    /// The database's WAL as the last cycle saw it, and a warning while DuckDB's checkpoint is
+    /// held back (see `WalWatch`).
+    pub wal_bytes: Option<i64>,
+    pub warning: Option<String>,
 }
 
 /// What a job's thread reports, and what it is asked.
@@ -125,6 +134,7 @@ fn zero_stats(job: &str) -> RunStats {
         elapsed_ms: 0,
         events_per_sec: 0.0,
         open_windows: 0,
+        state_bytes: 0,
         partitions: 0,
         cycles: 0,
         status: "running",
@@ -184,7 +194,13 @@ impl Job {
     }
 
     /// A cycle of the current run ended with these totals.
-    pub(super) fn cycled(&self, stats: &RunStats, lag: Option<i64>, unreachable: Option<String>) {
+    pub(super) fn cycled(
+        &self,
+        stats: &RunStats,
+        lag: Option<i64>,
+        unreachable: Option<String>,
+        wal: WalState,
+    ) {
         let now = Instant::now();
         let mut inner = self.inner();
         let d = &inner.done;
@@ -204,6 +220,10 @@ impl Job {
         row.cycles = cycles;
         row.lag = lag;
         row.watermark_ms = stats.watermark_ms.or(row.watermark_ms);
+        row.open_windows = stats.open_windows;
+        row.state_bytes = stats.state_bytes;
+        row.wal_bytes = wal.bytes.or(row.wal_bytes);
+        row.warning = wal.warning;
         match unreachable {
             // The run waits for its brokers (the client reconnects with its own backoff).
             Some(e) => {
@@ -402,6 +422,10 @@ pub(super) fn new_job(spec: JobSpec) -> Arc<Job> {
                 last_error: None,
                 retries: 0,
                 next_run_ms: None,
+                open_windows: 0,
+                state_bytes: 0,
+                wal_bytes: None,
+                warning: None,
             },
             done: zero_stats(&spec.name),
             // The rate's first baseline: nothing read when the job started.

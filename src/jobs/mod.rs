@@ -5,10 +5,11 @@
 //! `streaming_etl_stop(name)`); [`worker`] is a job's thread, driving the same runs the foreground
 //! call drives; [`schedule`] says when the next scheduled run or retry starts; [`call`] keeps a
 //! job's arguments, to show them without secrets and to start the job again after a restart
-//! (`streaming_etl_resume()`).
+//! (`streaming_etl_resume()`); [`wal`] watches the database's WAL for a checkpoint held back.
 
 pub mod call;
 pub mod job;
 pub mod registry;
 pub mod schedule;
+pub mod wal;
 pub mod worker;

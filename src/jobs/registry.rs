@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use streaming_etl_core::{EtlError, Result};
 
 use super::job::{lock, new_job, Job, JobRow, JobSpec, State, StopReason};
+use super::wal::WalWatch;
 use super::worker::{work, Runnable, Starter};
 
 /// How long a closing database or an exiting process waits for its jobs to reach a cycle
@@ -20,14 +21,20 @@ pub const CLOSE_WAIT: Duration = Duration::from_secs(30);
 #[derive(Default)]
 pub struct Jobs {
     jobs: Mutex<BTreeMap<String, Arc<Job>>>,
+    /// The database file's WAL (None: an in-memory database).
+    wal: Option<Arc<WalWatch>>,
 }
 
 /// Every database's jobs in this process, for the exit handler.
 static ALL: Mutex<Vec<Weak<Jobs>>> = Mutex::new(Vec::new());
 
 impl Jobs {
-    pub fn new() -> Arc<Jobs> {
-        let jobs = Arc::new(Jobs::default());
+    /// The jobs of the database at `db_path` (None: in memory).
+    pub fn new(db_path: Option<&str>) -> Arc<Jobs> {
+        let jobs = Arc::new(Jobs {
+            jobs: Mutex::default(),
+            wal: db_path.map(|p| Arc::new(WalWatch::new(p))),
+        });
         let mut all = lock(&ALL);
         all.retain(|w| w.strong_count() > 0);
         all.push(Arc::downgrade(&jobs));
@@ -84,14 +91,22 @@ impl Jobs {
         let job = new_job(spec);
         let worker = Arc::clone(&job);
         let started_ms = job.row().started_ms;
+        let wal = self.wal.clone();
         let handle = std::thread::Builder::new()
             .name(format!("streaming_etl-job-{}", job.name))
-            .spawn(move || work(worker, starter, first, started_ms))
+            .spawn(move || work(worker, starter, first, started_ms, wal))
             .map_err(|e| EtlError::Internal(format!("cannot start a thread for the job: {e}")))?;
         *lock(&job.thread) = Some(handle);
         let row = job.row();
         lock(&self.jobs).insert(job.name.clone(), job);
         Ok(row)
+    }
+
+    /// DuckDB's `checkpoint_threshold` as a starting run read it (see `WalWatch`).
+    pub fn set_wal_threshold(&self, shown: &str) {
+        if let Some(w) = &self.wal {
+            w.set_threshold(shown);
+        }
     }
 
     /// Every job's row, by name.

@@ -14,6 +14,7 @@ use streaming_etl_runtime::job::RunStats;
 
 use super::job::{now_ms, Job, StopReason};
 use super::schedule::{next_start_ms, Backoff};
+use super::wal::WalWatch;
 
 /// A run as a background job drives it.
 pub trait Runnable: Send {
@@ -78,14 +79,15 @@ enum RunEnd {
 }
 
 /// Drives one run until it ends, is stopped or fails.
-fn drive(job: &Job, run: &mut dyn Runnable) -> RunEnd {
+fn drive(job: &Job, run: &mut dyn Runnable, wal: Option<&WalWatch>) -> RunEnd {
     loop {
         if job.stopping().is_some() {
             return RunEnd::Stopped;
         }
         match contained(|| run.cycle()) {
             Ok(more) => {
-                job.cycled(&run.stats(), run.lag(), run.unreachable());
+                let wal = wal.map(WalWatch::observe).unwrap_or_default();
+                job.cycled(&run.stats(), run.lag(), run.unreachable(), wal);
                 if !more {
                     return RunEnd::Done(run.stats().status);
                 }
@@ -102,9 +104,13 @@ pub(super) fn work(
     starter: Starter,
     first: std::result::Result<Box<dyn Runnable>, EtlError>,
     anchor_ms: i64,
+    wal: Option<Arc<WalWatch>>,
 ) {
     // Whatever happens in the loop, the job ends with a state and wakes whoever waits for it.
-    if let Err(p) = catch_unwind(AssertUnwindSafe(|| runs(&job, starter, first, anchor_ms))) {
+    let wal = wal.as_deref();
+    if let Err(p) = catch_unwind(AssertUnwindSafe(|| {
+        runs(&job, starter, first, anchor_ms, wal)
+    })) {
         let e = EtlError::Internal(format!("a bug; please report it: {}", panic_message(p)));
         job.faulted(&e, None);
     }
@@ -117,6 +123,7 @@ fn runs(
     mut starter: Starter,
     first: std::result::Result<Box<dyn Runnable>, EtlError>,
     anchor_ms: i64,
+    wal: Option<&WalWatch>,
 ) {
     let mut backoff = Backoff::default();
     let mut next = Some(first);
@@ -136,7 +143,7 @@ fn runs(
             }
         };
         job.run_started(run.interrupter(), run.threads());
-        let mut end = drive(job, run.as_mut());
+        let mut end = drive(job, run.as_mut(), wal);
         // The cycles still being committed count in the run's last row (a failed one does not).
         if let Err(e) = contained(|| run.finish()) {
             if !matches!(end, RunEnd::Fault(_)) {

@@ -28,7 +28,7 @@ use streaming_etl_core::{ByTable, EtlError, OutputSchemas, Result, TableSchema};
 use streaming_etl_runtime::sink::{Output, OutputSink, Tables, Written};
 
 use super::catalog::OutputCatalog;
-use super::insert::{insert, insert_staged, Part, StagedPart, Verb};
+use super::insert::{insert, insert_staged, insert_windows, Part, StagedPart, StagedWrite, Verb};
 use super::lake::{compact, with_retry};
 use super::owners::{self, Claims, Owner, JOB_COLUMN};
 use super::sql_cycle::{add_output_column, Cycle, SqlOutput};
@@ -259,6 +259,9 @@ struct WritePlan<'a> {
     late_job: Option<&'a str>,
     /// The job's claims on its tables, when this commit records them.
     claims: Option<(&'a Owner, &'a Claims)>,
+    /// The tables are in DuckDB's own storage (a small batch of window rows is matched to a
+    /// keyed table's rows without a join: see `insert::write_windows`).
+    native: bool,
 }
 
 impl WritePlan<'_> {
@@ -314,6 +317,7 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
                 late_table: &out.tables.late,
                 late_schema: &out.schemas.late,
                 job: plan.late_job,
+                native: plan.native,
             };
             written = written.plus(sql.write(
                 conn,
@@ -358,7 +362,19 @@ fn write_batch(conn: &Connection, out: &Output<'_>, plan: &WritePlan<'_>) -> Res
                         partition: None,
                         live_from_pane_ms: staged.live_from_pane_ms,
                     };
-                    insert_staged(conn, table, schema, &[part], verb, staging, &[events])?;
+                    let write = StagedWrite {
+                        staging,
+                        events: &[events],
+                        native: plan.native,
+                    };
+                    insert_staged(conn, table, schema, &[part], verb, write)?;
+                }
+                None if i == 0 => {
+                    let part = Part {
+                        rows,
+                        partition: None,
+                    };
+                    insert_windows(conn, table, schema, &[part], verb, plan.native)?;
                 }
                 None => insert(conn, table, schema, rows, verb)?,
             }
@@ -471,6 +487,7 @@ impl OutputSink for DuckSink {
             },
             late_job: job(prepared.jobbed.late),
             claims: claiming.then_some((&self.owner, &self.claims)),
+            native: self.catalog.has_keys(),
         };
         let (written, recorded) = with_retry(&out.tables.windows, || {
             // A replay, or a retry after a conflict that may have landed after all: the marker

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use duckdb::Connection;
-use streaming_etl_core::{EtlError, Result, Role, Rows, TableSchema};
+use std::collections::HashMap;
+
+use streaming_etl_core::{Cell, Column, ColumnType, EtlError, Result, Role, Rows, TableSchema};
 
 use super::staged::Staging;
 use super::tables::{column_list, revision_columns, sink_error};
@@ -68,11 +70,38 @@ pub(crate) fn insert_parts(
     write_rows(conn, table, schema, &query, verb).map(drop)
 }
 
+/// Writes window rows into `table` (`schema`: the engine's window rows): the latest revision of
+/// each window only, and, in DuckDB's own storage (`native`), a small batch matched to the
+/// table's rows without a join (see [`write_windows`]).
+pub(crate) fn insert_windows(
+    conn: &Connection,
+    table: &str,
+    schema: &TableSchema,
+    parts: &[Part<'_>],
+    verb: Verb,
+    native: bool,
+) -> Result<u64> {
+    let parts: Vec<&Part<'_>> = parts.iter().filter(|p| !p.rows.is_empty()).collect();
+    if parts.is_empty() {
+        return Ok(0);
+    }
+    let (_lent, query, facts) = lend_windows(&parts, schema, verb)?;
+    write_window_rows(conn, table, schema, &query, verb, facts.filter(|_| native))
+}
+
 /// The events a part's cycle placed in windows, and its first live pane (see `Staged`).
 pub(crate) struct StagedPart<'a> {
     pub rows: &'a Rows,
     pub partition: Option<i32>,
     pub live_from_pane_ms: Option<i64>,
+}
+
+/// The staged events of a cycle, and how they are staged.
+pub(crate) struct StagedWrite<'a> {
+    pub staging: &'a Staging,
+    pub events: &'a [StagedPart<'a>],
+    /// The tables are in DuckDB's own storage (see [`write_window_rows`]).
+    pub native: bool,
 }
 
 /// Writes the windows rows of a job whose aggregates DuckDB computes in part (see
@@ -85,11 +114,15 @@ pub(crate) fn insert_staged(
     schema: &TableSchema,
     parts: &[Part<'_>],
     verb: Verb,
-    staging: &Staging,
-    staged: &[StagedPart<'_>],
+    write: StagedWrite<'_>,
 ) -> Result<()> {
+    let StagedWrite {
+        staging,
+        events: staged,
+        native,
+    } = write;
     let all: Vec<&Part<'_>> = parts.iter().collect();
-    let (_rows_lent, rows) = lend(&all);
+    let (_rows_lent, rows, facts) = lend_windows(&all, schema, verb)?;
     let staged_lent: Vec<Lent> = staged
         .iter()
         .map(|p| Lent::new(Arc::new(p.rows.clone())))
@@ -113,7 +146,8 @@ pub(crate) fn insert_staged(
         let empty = format!("SELECT * FROM {st} WHERE false");
         let new = if new.is_empty() { empty } else { new };
         let query = staging.window_rows(&rows, &new, &live);
-        if let Err(e) = write_rows(conn, table, schema, &query, verb) {
+        let facts = facts.filter(|_| native).map(Facts::computed_from);
+        if let Err(e) = write_window_rows(conn, table, schema, &query, verb, facts) {
             return Err(aggregate_error(conn, e, staging, &rows, &new));
         }
     }
@@ -188,6 +222,182 @@ pub(super) fn lend(parts: &[&Part<'_>]) -> (Vec<Lent>, String) {
     (lent, selects.join(" UNION ALL "))
 }
 
+/// The parts' window rows lent to the batch function as [`lend`] lends them, with the facts of
+/// them; written into a keyed table (`verb` not a plain insert), each part's rows the latest
+/// revision of each window (a cycle may hold a window's running rows, its final row and
+/// corrections: the last is what the table keeps; appended, all of them are).
+pub(super) fn lend_windows(
+    parts: &[&Part<'_>],
+    schema: &TableSchema,
+    verb: Verb,
+) -> Result<(Vec<Lent>, String, Option<Facts>)> {
+    let mut facts = Facts::default();
+    let mut known = true;
+    let latest: Vec<Option<Rows>> = parts
+        .iter()
+        .map(|p| {
+            let (rows, f) = latest_revisions(p.rows, schema, verb != Verb::Insert)?;
+            match f {
+                Some(f) => facts.add(f),
+                None => known = false,
+            }
+            Ok(rows)
+        })
+        .collect::<Result<_>>()?;
+    let owned: Vec<Part<'_>> = parts
+        .iter()
+        .zip(&latest)
+        .map(|(p, l)| Part {
+            rows: l.as_ref().unwrap_or(p.rows),
+            partition: p.partition,
+        })
+        .collect();
+    let refs: Vec<&Part<'_>> = owned.iter().collect();
+    let (lent, query) = lend(&refs);
+    Ok((lent, query, known.then_some(facts)))
+}
+
+/// What a keyed write of window rows knows before DuckDB reads them: how many are live and
+/// retracted, and the range of their window starts (`window_start_ms`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Facts {
+    pub live: usize,
+    pub retracted: usize,
+    pub start_ms: Option<(i64, i64)>,
+    /// The rows written are these, one each (a SQL statement's GROUP BY may make more or fewer
+    /// rows of a window of the stream).
+    pub one_each: bool,
+    /// The rows written are computed by DuckDB from these (aggregates over staged events, a
+    /// statement's GROUP BY): a write that reads them more than once reads them from a copy.
+    pub computed: bool,
+}
+
+impl Facts {
+    /// Facts of rows a statement makes from these (more or fewer: see `one_each`).
+    pub fn made_from(self) -> Facts {
+        Facts {
+            one_each: false,
+            computed: true,
+            ..self
+        }
+    }
+
+    /// Facts of rows DuckDB computes from these, one each (aggregates over staged events).
+    pub fn computed_from(self) -> Facts {
+        Facts {
+            computed: true,
+            ..self
+        }
+    }
+}
+
+impl Facts {
+    fn add(&mut self, other: Facts) {
+        self.one_each = other.one_each;
+        self.live += other.live;
+        self.retracted += other.retracted;
+        self.start_ms = match (self.start_ms, other.start_ms) {
+            (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
+            (x, None) | (None, x) => x,
+        };
+    }
+}
+
+/// With `latest`, the latest revision of each window among `rows` (None when each is there once,
+/// the rows have no revisions, or not `latest`), and the facts of what is written; no facts when
+/// the rows have no `window_start_ms`.
+fn latest_revisions(
+    rows: &Rows,
+    schema: &TableSchema,
+    latest: bool,
+) -> Result<(Option<Rows>, Option<Facts>)> {
+    let width = rows.types().len();
+    let start = schema
+        .columns
+        .iter()
+        .position(|c| c.name == "window_start_ms")
+        .filter(|&i| i < width && rows.types()[i] == ColumnType::BigInt);
+    let key: Vec<usize> = key_positions(schema)
+        .into_iter()
+        .filter(|&i| i < width)
+        .collect();
+    let revisions = revision_columns(schema).filter(|&(_, r, t)| r < width && t < width);
+    let dedup = revisions.filter(|_| latest);
+    let bad = |e: streaming_etl_core::CodecError| EtlError::Internal(format!("window rows: {e}"));
+    // Per key, the row of its latest revision (the later row on a tie).
+    let mut newest: HashMap<String, (usize, i64)> = HashMap::new();
+    let mut facts = Facts {
+        one_each: true,
+        ..Facts::default()
+    };
+    let mut retracted = Vec::with_capacity(rows.len());
+    let mut i = 0;
+    rows.each(|cells| {
+        if let Some(s) = start {
+            if let Cell::I64(ms) = cells[s] {
+                facts.start_ms = Some(
+                    facts
+                        .start_ms
+                        .map_or((ms, ms), |(a, b)| (a.min(ms), b.max(ms))),
+                );
+            }
+        }
+        let gone = revisions.is_some_and(|(_, _, t)| cells[t] == Cell::Bool(true));
+        retracted.push(gone);
+        if let Some((_, r, _)) = dedup {
+            let rev = match cells[r] {
+                Cell::I64(v) => v,
+                _ => 0,
+            };
+            let k: String = key
+                .iter()
+                .map(|&c| format!("{:?}", cells[c]))
+                .collect::<Vec<_>>()
+                .join("\u{0}");
+            let e = newest.entry(k).or_insert((i, rev));
+            if rev >= e.1 {
+                *e = (i, rev);
+            }
+        }
+        i += 1;
+        Ok::<(), ()>(())
+    })
+    .map_err(bad)?
+    .map_err(|()| EtlError::Internal("window rows".into()))?;
+    let keep: Option<Vec<bool>> = (dedup.is_some() && newest.len() < rows.len()).then(|| {
+        let mut keep = vec![false; rows.len()];
+        for &(row, _) in newest.values() {
+            keep[row] = true;
+        }
+        keep
+    });
+    for (j, gone) in retracted.iter().enumerate() {
+        if keep.as_ref().is_none_or(|k| k[j]) {
+            if *gone {
+                facts.retracted += 1;
+            } else {
+                facts.live += 1;
+            }
+        }
+    }
+    let facts = start.map(|_| facts);
+    let Some(keep) = keep else {
+        return Ok((None, facts));
+    };
+    let mut out = Rows::new(rows.types().to_vec());
+    let mut j = 0;
+    rows.each(|cells| {
+        if keep[j] {
+            out.push(cells);
+        }
+        j += 1;
+        Ok::<(), ()>(())
+    })
+    .map_err(bad)?
+    .map_err(|()| EtlError::Internal("window rows".into()))?;
+    Ok((Some(out), facts))
+}
+
 /// `query` (columns `c0, ...` of the rows) with the schema's given columns after them (the
 /// job's name in a table jobs share).
 fn with_given(schema: &TableSchema, query: &str) -> String {
@@ -236,6 +446,157 @@ fn select_list(schema: &TableSchema) -> String {
         .join(", ")
 }
 
+/// The most rows a keyed write matches to its table's rows by a list lookup rather than a join.
+/// The lookup is a nested loop over the table's rows in the batch's window range, which grows
+/// with the square of the rows; a join costs more up to about this many, and each join leaves
+/// its partitioned hash table's blocks in DuckDB's eviction queues (see docs/reliability.md).
+const LIST_MATCH_MAX: usize = 2048;
+
+/// Writes window rows that are the latest revision of each key (see [`lend_windows`]) into a
+/// keyed `table`; `facts` (DuckDB's own storage) lets a small batch be matched without a join:
+/// - the retracted rows' keys are deleted, the live rows update the rows of their key, and the
+///   live rows whose key is not in the table are inserted; each statement reads the table's
+///   rows in the batch's window range only, and matches them against one list of the batch's
+///   keys, so no hash table is built (and left behind in DuckDB's eviction queues) per cycle;
+/// - a larger batch, or one without facts, is written as [`write_rows`] writes it.
+///
+/// Returns the rows written (live ones).
+pub(super) fn write_window_rows(
+    conn: &Connection,
+    table: &str,
+    schema: &TableSchema,
+    query: &str,
+    verb: Verb,
+    facts: Option<Facts>,
+) -> Result<u64> {
+    // (A plain insert appends: every revision, whatever the schema's key.)
+    let keyed = verb != Verb::Insert;
+    let range = facts.and_then(|f| start_range(schema, f));
+    match (facts, range) {
+        (Some(f), Some(range))
+            if keyed
+                && !schema.primary_key.is_empty()
+                && f.live + f.retracted <= LIST_MATCH_MAX =>
+        {
+            write_listed(conn, table, schema, query, f, &range)
+        }
+        // Rows unique per key: the join form needs no window sort.
+        (Some(f), _) => write_keyed(conn, table, schema, query, verb, Some(f)),
+        (None, _) => write_rows(conn, table, schema, query, verb),
+    }
+}
+
+/// The filter on the table's window start that covers the batch's (`t.` qualified), when its key
+/// has one: `window_start_ms` (BIGINT), or a SQL statement's `window_start` (TIMESTAMPTZ).
+fn start_range(schema: &TableSchema, f: Facts) -> Option<String> {
+    let (lo, hi) = f.start_ms?;
+    let col = schema.columns.iter().find(|c| {
+        schema.primary_key.contains(&c.name)
+            && (c.name == "window_start_ms" || c.name == "window_start")
+    })?;
+    let name = quote_ident(&col.name);
+    Some(match col.name.as_str() {
+        "window_start_ms" => format!("t.{name} BETWEEN {lo} AND {hi}"),
+        _ => format!(
+            "t.{name} BETWEEN to_timestamp({lo}::DOUBLE / 1000) AND to_timestamp({hi}::DOUBLE / 1000)"
+        ),
+    })
+}
+
+/// The list-lookup form of [`write_windows`].
+fn write_listed(
+    conn: &Connection,
+    table: &str,
+    schema: &TableSchema,
+    query: &str,
+    f: Facts,
+    range: &str,
+) -> Result<u64> {
+    let mut query = cast_columns(schema, &with_given(schema, query));
+    if f.computed {
+        // (Read by up to three statements: computed once.)
+        conn.execute_batch(&format!(
+            "CREATE OR REPLACE TEMP TABLE __se_written AS {query}"
+        ))
+        .map_err(|e| sink_error(table, e))?;
+        query = "SELECT * FROM __se_written".to_string();
+    }
+    let run = |sql: &str| -> Result<u64> {
+        conn.execute(sql, [])
+            .map(|n| n as u64)
+            .map_err(|e| sink_error(table, e))
+    };
+    let key = key_positions(schema);
+    let struct_of = |side: &dyn Fn(usize) -> String| {
+        let fields: Vec<String> = key
+            .iter()
+            .enumerate()
+            .map(|(j, &i)| format!("k{j} := {}", side(i)))
+            .collect();
+        format!("struct_pack({})", fields.join(", "))
+    };
+    let in_table = struct_of(&|i| format!("t.{}", quote_ident(&schema.columns[i].name)));
+    let in_batch = struct_of(&|i| format!("c{i}"));
+    let retracted = revision_columns(schema).map(|(_, _, r)| r);
+    if f.retracted > 0 {
+        if let Some(r) = retracted {
+            run(&format!(
+                "DELETE FROM {table} AS t USING (SELECT list({in_batch}) AS keys FROM ({query}) WHERE c{r}) AS b \
+                 WHERE {range} AND list_position(b.keys, {in_table}) IS NOT NULL"
+            ))?;
+        }
+    }
+    if f.live == 0 {
+        return Ok(0);
+    }
+    let live = match retracted {
+        Some(r) => format!("SELECT * FROM ({query}) WHERE NOT c{r}"),
+        None => format!("SELECT * FROM ({query})"),
+    };
+    let values: Vec<(usize, &Column)> = schema
+        .table_columns()
+        .filter(|(_, c)| !schema.primary_key.contains(&c.name))
+        .collect();
+    let mut written = 0;
+    if !values.is_empty() {
+        let fields: Vec<String> = values
+            .iter()
+            .map(|(i, _)| format!("v{i} := c{i}"))
+            .collect();
+        let sets: Vec<String> = values
+            .iter()
+            .map(|(i, c)| {
+                format!(
+                    "{} = b.vals[list_position(b.keys, {in_table})].v{i}",
+                    quote_ident(&c.name)
+                )
+            })
+            .collect();
+        written = run(&format!(
+            "UPDATE {table} AS t SET {} FROM (SELECT list({in_batch}) AS keys, list(struct_pack({})) AS vals FROM ({live})) AS b \
+             WHERE {range} AND list_position(b.keys, {in_table}) IS NOT NULL",
+            sets.join(", "),
+            fields.join(", ")
+        ))?;
+    }
+    if f.one_each && written as usize >= f.live {
+        return Ok(written);
+    }
+    let select = select_list(schema);
+    let cols = column_list(schema);
+    let inserted = if written == 0 {
+        run(&format!(
+            "INSERT INTO {table} ({cols}) SELECT {select} FROM ({live})"
+        ))?
+    } else {
+        run(&format!(
+            "INSERT INTO {table} ({cols}) SELECT {select} FROM ({live}) \
+             WHERE list_position((SELECT coalesce(list({in_table}), []) FROM {table} AS t WHERE {range}), {in_batch}) IS NULL"
+        ))?
+    };
+    Ok(written + inserted)
+}
+
 /// Writes the rows `query` gives (columns `c0, ...` in the schema's order) into `table`; returns
 /// how many rows it inserted or replaced (with revisions: the rows written, not those deleted).
 pub(super) fn write_rows(
@@ -244,6 +605,20 @@ pub(super) fn write_rows(
     schema: &TableSchema,
     query: &str,
     verb: Verb,
+) -> Result<u64> {
+    write_keyed(conn, table, schema, query, verb, None)
+}
+
+/// [`write_rows`]; `known`: the rows are the latest revision of each key (else several
+/// revisions of a key may be there, and the latest is taken by a window sort), and these are
+/// their facts.
+fn write_keyed(
+    conn: &Connection,
+    table: &str,
+    schema: &TableSchema,
+    query: &str,
+    verb: Verb,
+    known: Option<Facts>,
 ) -> Result<u64> {
     let query = cast_columns(schema, &with_given(schema, query));
     let keyed = verb != Verb::Insert && !schema.primary_key.is_empty();
@@ -258,19 +633,26 @@ pub(super) fn write_rows(
         // Windows with revisions into a keyed table: the latest row per key wins, and a
         // retracted one deletes the key's row.
         Some((revision, retracted)) => {
-            let key: Vec<String> = key_positions(schema)
-                .iter()
-                .map(|i| format!("c{i}"))
-                .collect();
-            let latest = format!(
-                "SELECT * FROM ({query}) QUALIFY row_number() OVER (PARTITION BY {} ORDER BY c{revision} DESC) = 1",
-                key.join(", ")
-            );
+            let latest = match known {
+                Some(_) => query.clone(),
+                None => {
+                    let key: Vec<String> = key_positions(schema)
+                        .iter()
+                        .map(|i| format!("c{i}"))
+                        .collect();
+                    format!(
+                        "SELECT * FROM ({query}) QUALIFY row_number() OVER (PARTITION BY {} ORDER BY c{revision} DESC) = 1",
+                        key.join(", ")
+                    )
+                }
+            };
             // (DuckLake's MERGE takes one UPDATE or DELETE action: the deletes go first, apart.)
-            run(&format!(
-                "DELETE FROM {table} AS t USING ({latest}) AS s WHERE {} AND s.c{retracted}",
-                key_match(schema)
-            ))?;
+            if known.is_none_or(|f| f.retracted > 0) {
+                run(&format!(
+                    "DELETE FROM {table} AS t USING ({latest}) AS s WHERE {} AND s.c{retracted}",
+                    key_match(schema)
+                ))?;
+            }
             let live = format!("SELECT * FROM ({latest}) WHERE NOT c{retracted}");
             match verb {
                 Verb::Merge => run(&merge_sql(table, schema, &live)),

@@ -6,7 +6,9 @@ use duckdb::Connection;
 use streaming_etl_core::{Batch, ByTable, OutputSchemas, Result, Rows, TableSchema};
 use streaming_etl_runtime::group::PartitionCommit;
 
-use super::insert::{insert_parts, insert_staged, Part, StagedPart, Verb};
+use super::insert::{
+    insert_parts, insert_staged, insert_windows, Part, StagedPart, StagedWrite, Verb,
+};
 use super::owners::{self, Claims, Owner};
 use super::sql_cycle::SqlOutput;
 use super::staged::Staging;
@@ -103,7 +105,16 @@ impl PartitionOutput<'_> {
                             live_from_pane_ms: p.batch.staged.live_from_pane_ms,
                         })
                         .collect();
-                    insert_staged(conn, table, schema, &rows, verb, staging, &events)?;
+                    let write = StagedWrite {
+                        staging,
+                        events: &events,
+                        native: false,
+                    };
+                    insert_staged(conn, table, schema, &rows, verb, write)?;
+                }
+                // (A lake has no keys: its rows are merged, the latest revision of each.)
+                None if i == 0 => {
+                    insert_windows(conn, table, schema, &rows, verb, false)?;
                 }
                 None => insert_parts(conn, table, schema, &rows, verb)?,
             }

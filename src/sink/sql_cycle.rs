@@ -18,7 +18,9 @@ use streaming_etl_core::{
     FATE_COLUMN,
 };
 
-use super::insert::{cast_columns, lend, write_rows, Part, StagedPart, Verb};
+use super::insert::{
+    cast_columns, lend, lend_windows, write_rows, write_window_rows, Facts, Part, StagedPart, Verb,
+};
 use super::staged::{staged_table, Staging};
 use super::tables::{revision_columns, sink_error};
 use crate::functions::batch::Lent;
@@ -208,13 +210,15 @@ impl SqlOutput {
                     .filter(|p| !p.rows.is_empty())
                     .collect();
                 if !all.is_empty() {
-                    let (_lent, rows) = lend(&all);
+                    let (_lent, rows, facts) = lend_windows(&all, &self.engine, target_verb)?;
                     let query = format!(
                         "SELECT {} FROM ({})",
                         self.outputs(projection.iter().cloned()).join(", "),
                         cast_columns(&self.engine, &rows)
                     );
-                    written.windows = Some(self.write_final(conn, &query, target_verb)?);
+                    // (The engine's rows, one each in the statement's columns.)
+                    let facts = facts.filter(|_| cycle.native);
+                    written.windows = Some(self.write_final(conn, &query, target_verb, facts)?);
                 }
                 written.late = Some(self.write_late(conn, cycle, None, late_verb)?);
             }
@@ -252,10 +256,16 @@ impl SqlOutput {
 
     /// Writes the rows `query` gives into the target; returns how many are final (a closed
     /// window's row, not a running one).
-    fn write_final(&self, conn: &Connection, query: &str, verb: Verb) -> Result<u64> {
+    fn write_final(
+        &self,
+        conn: &Connection,
+        query: &str,
+        verb: Verb,
+        facts: Option<Facts>,
+    ) -> Result<u64> {
         let target = self.stmt.target.sql();
         let Some((fin, _, _)) = revision_columns(&self.target) else {
-            return write_rows(conn, &target, &self.target, query, verb);
+            return write_window_rows(conn, &target, &self.target, query, verb, facts);
         };
         conn.execute_batch(&format!("CREATE OR REPLACE TEMP TABLE __se_out AS {query}"))
             .map_err(|e| sink_error(&target, e))?;
@@ -266,7 +276,14 @@ impl SqlOutput {
                 |r| r.get(0),
             )
             .map_err(|e| sink_error(&target, e))?;
-        write_rows(conn, &target, &self.target, "SELECT * FROM __se_out", verb)?;
+        write_window_rows(
+            conn,
+            &target,
+            &self.target,
+            "SELECT * FROM __se_out",
+            verb,
+            facts,
+        )?;
         Ok(finals.max(0) as u64)
     }
 
@@ -312,6 +329,7 @@ impl SqlOutput {
             late_table,
             late_schema: &schemas.late,
             job,
+            native: false,
         };
         let target_verb = if self.revisions() { verb } else { Verb::Insert };
         self.write(conn, &cycle, target_verb, verb)
@@ -430,7 +448,8 @@ impl SqlOutput {
         verb: Verb,
     ) -> Result<u64> {
         let parts: Vec<&Part<'_>> = cycle.windows.iter().collect();
-        let (_rows_lent, rows) = lend(&parts);
+        let (_rows_lent, rows, facts) = lend_windows(&parts, &self.engine, verb)?;
+        let facts = facts.filter(|_| cycle.native).map(Facts::made_from);
         let live: Vec<(Option<i32>, Option<i64>)> = cycle
             .staged
             .iter()
@@ -469,7 +488,7 @@ impl SqlOutput {
                     staging.keyed_rows(&rows, false)
                 );
             }
-            finals = self.write_final(conn, &query, verb)?;
+            finals = self.write_final(conn, &query, verb, facts)?;
         }
         conn.execute_batch(&staging.drop_done(&rows, &live))
             .map_err(|e| sink_error(st, format!("dropping the rows of closed windows: {e}")))?;
@@ -512,4 +531,6 @@ pub struct Cycle<'a> {
     pub late_schema: &'a TableSchema,
     /// The job, where the late table carries it in a column.
     pub job: Option<&'a str>,
+    /// The target is in DuckDB's own storage (see `insert::write_windows`).
+    pub native: bool,
 }

@@ -436,3 +436,74 @@ def test_the_service_runner_keeps_jobs_running_without_a_statement_and_stops_the
     assert con.execute("SELECT job FROM streaming_etl_resume()").fetchall() == [("svc",)]
     con.execute("SELECT * FROM streaming_etl_stop('svc')").fetchall()
     con.close()
+
+
+def test_a_result_left_unread_holding_checkpoints_back_is_shown_and_clears(tmp_path):
+    """DuckDB cannot checkpoint while an older transaction is open: a result left unread on a
+    user's connection holds the WAL back. The jobs say so (with the WAL's size) within a minute,
+    and not while results are read whole (the job's own connections never hold it back); the
+    warning clears once the result is read and DuckDB checkpoints again."""
+    import threading
+    d = tmp_path / "data"
+    d.mkdir()
+    files = [open(d / f"p{p}.ndjson", "a") for p in range(2)]
+    stop = threading.Event()
+
+    def produce():
+        i = 0
+        while not stop.is_set():
+            now = int(time.time() * 1000)
+            for p, f in enumerate(files):
+                f.write("".join(f'{{"key":"k{(i + j) % 500}","event_time_ms":{now - j % 300},"payload":{{"value":{j}}}}}\n'
+                                for j in range(1000)))
+                f.flush()
+            i += 1
+            time.sleep(0.05)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    con = connect(tmp_path / "w.duckdb")
+    con.execute("SET checkpoint_threshold = '1MB'")
+    try:
+        con.execute(f"SELECT * FROM streaming_etl_run('file:{d}/*.ndjson', 1000, 200, job := 'w', background := true, "
+                    "follow := true, emit := 'update', checkpoint_interval_ms := 200)").fetchall()
+        # Results read whole: DuckDB checkpoints as it goes, and nothing is shown.
+        deadline = time.time() + 25
+        while time.time() < deadline:
+            r = job_wal(con)
+            assert r["warning"] is None, r
+            time.sleep(0.5)
+        assert r["wal_bytes"] is not None and r["events_consumed"] > 0
+        # A result left unread (read with fetchone and kept).
+        held = con.cursor()
+        held.execute("SELECT * FROM range(100000)")
+        held.fetchone()
+        r = wait_for_wal(con, lambda r: r["warning"] is not None, 90)
+        assert r["wal_bytes"] > 2_000_000, r
+        assert "a result left unread" in r["warning"] and "fetchone()" in r["warning"], r
+        held.fetchall()
+        held.close()
+        r = wait_for_wal(con, lambda r: r["warning"] is None, 60)
+        con.execute("SELECT * FROM streaming_etl_stop('w')").fetchall()
+    finally:
+        stop.set()
+        producer.join()
+        for f in files:
+            f.close()
+    con.close()
+
+
+def job_wal(con):
+    cur = con.execute("SELECT events_consumed, wal_bytes, warning, open_windows, state_bytes FROM streaming_etl_jobs() WHERE job = 'w'")
+    return dict(zip([c[0] for c in cur.description], cur.fetchall()[0]))
+
+
+def wait_for_wal(con, cond, timeout):
+    deadline = time.time() + timeout
+    r = None
+    while time.time() < deadline:
+        r = job_wal(con)
+        if cond(r):
+            return r
+        time.sleep(0.5)
+    raise AssertionError(f"not within {timeout} s: {r}")

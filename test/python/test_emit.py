@@ -180,3 +180,39 @@ def test_filters_and_arg_max_equal_duckdbs_own_aggregates(tmp_path):
         assert g[:4] == w[:4] and g[5:8] == w[5:8], (g, w)
         for a, b in ((g[4], w[4]), (g[8], w[8])):
             assert (a is None and b is None) or math.isclose(a, b, rel_tol=1e-9), (g, w)
+
+
+@pytest.mark.parametrize("keys", [50, 3000])
+def test_running_rows_of_few_and_many_keys_end_as_the_close_run(tmp_path, keys):
+    """Each cycle's revisions go into the keyed table matched by a list lookup (a few windows a
+    cycle) or by a join (more than 2,048): either way the table ends with the rows `emit :=
+    'close'` writes, every window once, and running rows of open windows in between."""
+    d = tmp_path / "data"
+    d.mkdir()
+    rng = random.Random(keys)
+    parts = [[] for _ in range(2)]
+    for i in range(40_000):
+        t = 1_000_000 + i // 4 - (rng.randint(1500, 3000) if rng.random() < 0.03 else 0)
+        parts[i % 2].append(json.dumps({"key": f"k{i % keys}", "event_time_ms": t, "payload": {"value": i % 7}}))
+    for p, lines in enumerate(parts):
+        (d / f"p{p}.ndjson").write_text("\n".join(lines) + "\n")
+    topic = f"file:{d}/*.ndjson"
+    con = connect(tmp_path / "u.duckdb")
+    # Cycles of 2,500 messages, running rows and late corrections every cycle.
+    while True:
+        rows = con.execute(f"SELECT status FROM streaming_etl_run('{topic}', 1000, 200, emit := 'update', "
+                           "late_updates_ms := 2000, max_messages := 2500)").fetchall()
+        running = con.execute("SELECT count(*) FROM windows WHERE NOT final").fetchall()[0][0]
+        if rows[-1][0] == "caught_up":
+            break
+        assert running > 0
+    con.execute(f"SELECT * FROM streaming_etl_run('{topic}', 1000, 200, emit := 'update', late_updates_ms := 2000, "
+                "flush := true)").fetchall()
+    got = sorted(con.execute("SELECT window_start_ms, key, count, sum_value FROM windows").fetchall())
+    assert con.execute("SELECT count(*) FROM windows WHERE NOT final").fetchall() == [(0,)]
+    # emit := 'close' with the late events applied: DuckDB's own count per window over every event
+    # but those later than late_updates_ms allows (the close run's late events).
+    ref = connect(tmp_path / "c.duckdb")
+    ref.execute(f"SELECT * FROM streaming_etl_run('{topic}', 1000, 200, late_updates_ms := 2000, flush := true)").fetchall()
+    want = sorted(ref.execute("SELECT window_start_ms, key, count, sum_value FROM windows").fetchall())
+    assert got == want

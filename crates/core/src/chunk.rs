@@ -10,30 +10,49 @@ use crate::columns::OwnedTyped;
 use crate::message::Message;
 use crate::record::Reject;
 
-/// Chunks kept for reuse beyond this many are freed.
+/// Chunks kept for reuse beyond this many, or this many bytes of buffers, are freed: a burst
+/// (many partitions at once, very long messages) does not leave its peak behind for the rest of
+/// a long run.
 const MAX_SPARE: usize = 256;
+pub(crate) const MAX_SPARE_BYTES: usize = 16 << 20;
+/// A chunk whose buffers grew past this (a few very long messages) is not kept.
+const MAX_KEPT_CHUNK_BYTES: usize = 2 << 20;
 
 /// Chunks no longer in use, kept so that a new one reuses their buffers.
 #[derive(Default)]
-pub(crate) struct Spare(Mutex<Vec<Chunk>>);
+pub(crate) struct Spare(Mutex<(Vec<Chunk>, usize)>);
 
 impl Spare {
     pub(crate) fn take(&self) -> Chunk {
-        let mut c = self
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop()
-            .unwrap_or_default();
+        let mut spare = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut c = match spare.0.pop() {
+            Some(c) => {
+                spare.1 = spare.1.saturating_sub(c.held_bytes());
+                c
+            }
+            None => Chunk::default(),
+        };
+        drop(spare);
         c.clear();
         c
     }
 
     pub(crate) fn give(&self, c: Chunk) {
+        let bytes = c.held_bytes();
         let mut spare = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if spare.len() < MAX_SPARE {
-            spare.push(c);
+        if spare.0.len() < MAX_SPARE
+            && bytes <= MAX_KEPT_CHUNK_BYTES
+            && spare.1 + bytes <= MAX_SPARE_BYTES
+        {
+            spare.1 += bytes;
+            spare.0.push(c);
         }
+    }
+
+    /// The bytes of the spare chunks' buffers.
+    #[cfg(test)]
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).1
     }
 }
 
@@ -150,7 +169,40 @@ impl LayerKeys {
     }
 }
 
+/// The bytes a vector's buffer holds.
+fn cap<T>(v: &Vec<T>) -> usize {
+    v.capacity() * std::mem::size_of::<T>()
+}
+
 impl Chunk {
+    /// The bytes its buffers hold (their capacity), about.
+    pub(crate) fn held_bytes(&self) -> usize {
+        cap(&self.offsets)
+            + cap(&self.next_offsets)
+            + cap(&self.timestamps)
+            + cap(&self.schemas)
+            + cap(&self.payload)
+            + cap(&self.spans)
+            + cap(&self.msg_keys)
+            + cap(&self.msg_key_spans)
+            + cap(&self.time)
+            + cap(&self.status)
+            + cap(&self.rejects)
+            + cap(&self.keys)
+            + cap(&self.key_ends)
+            + cap(&self.hashes)
+            + cap(&self.inputs)
+            + cap(&self.texts)
+            + cap(&self.typed)
+            + cap(&self.asks)
+            + cap(&self.reasons)
+            + self
+                .layers
+                .iter()
+                .map(|l| cap(&l.keys) + cap(&l.ends) + cap(&l.hashes))
+                .sum::<usize>()
+    }
+
     pub(crate) fn clear(&mut self) {
         self.offsets.clear();
         self.next_offsets.clear();
@@ -388,5 +440,31 @@ mod tests {
         assert_eq!(c.len(), 2);
         assert_eq!(c.message(1).payload, b"yz");
         assert_eq!((c.message(1).offset, c.message(1).next_offset), (2, 4));
+    }
+
+    #[test]
+    fn spare_chunks_are_kept_up_to_a_bound_of_bytes() {
+        let spare = Spare::default();
+        let mut chunks = Vec::new();
+        for _ in 0..64 {
+            let mut c = spare.take();
+            let (buf, _) = c.block_buffer(1 << 20);
+            buf[0] = b'\n';
+            chunks.push(c);
+        }
+        for c in chunks {
+            spare.give(c);
+        }
+        let held = spare.held_bytes();
+        assert!(
+            (MAX_SPARE_BYTES / 2..=MAX_SPARE_BYTES).contains(&held),
+            "{held}"
+        );
+        // A chunk grown past what a chunk is kept with is freed.
+        let mut big = spare.take();
+        let _ = big.block_buffer(8 << 20);
+        let before = spare.held_bytes();
+        spare.give(big);
+        assert_eq!(spare.held_bytes(), before);
     }
 }

@@ -257,13 +257,32 @@ impl fmt::Display for Cell<'_> {
 /// Rows of one table, encoded. A value written with a type its column does not have is not
 /// dropped: the rows remember the first such mistake and [`Rows::check`] reports it, which
 /// fails the cycle (it is a bug, never bad input).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Rows {
     types: Vec<ColumnType>,
     buf: Vec<u8>,
     len: usize,
     error: Option<String>,
+    /// The most bytes held since the buffer was last looked at, and the clears since (see
+    /// [`Rows::clear`]).
+    peak: usize,
+    clears: u32,
 }
+
+impl PartialEq for Rows {
+    fn eq(&self, other: &Rows) -> bool {
+        self.types == other.types
+            && self.len == other.len
+            && self.buf == other.buf
+            && self.error == other.error
+    }
+}
+
+/// Every this many clears, a buffer that holds more than twice what it needed since (and more
+/// than `KEEP_BYTES`) is shrunk to that: rows reused cycle after cycle do not keep one cycle's
+/// peak for the rest of a long run.
+const SHRINK_EVERY: u32 = 16;
+const KEEP_BYTES: usize = 1 << 20;
 
 /// Where [`Rows::each_from`] goes on from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -282,6 +301,8 @@ impl Rows {
             buf: Vec::new(),
             len: 0,
             error: None,
+            peak: 0,
+            clears: 0,
         }
     }
 
@@ -303,9 +324,23 @@ impl Rows {
     }
 
     pub fn clear(&mut self) {
+        self.peak = self.peak.max(self.buf.len());
+        self.clears += 1;
+        if self.clears >= SHRINK_EVERY {
+            let need = self.peak.max(KEEP_BYTES);
+            if self.buf.capacity() > 2 * need {
+                self.buf = Vec::with_capacity(self.peak);
+            }
+            (self.peak, self.clears) = (0, 0);
+        }
         self.buf.clear();
         self.len = 0;
         self.error = None;
+    }
+
+    /// The bytes its buffer holds.
+    pub fn held_bytes(&self) -> usize {
+        self.buf.capacity()
     }
 
     /// Starts a row; the writer must be given every column, in order, then finished.
@@ -432,6 +467,8 @@ impl Rows {
             buf,
             len,
             error: None,
+            peak: 0,
+            clears: 0,
         };
         rows.each(|_| Ok::<(), ()>(()))?
             .map_err(|()| CodecError("unreadable row"))?;
@@ -616,6 +653,31 @@ fn read_cell<'a>(r: &mut Reader<'a>, ty: ColumnType) -> Result<Cell<'a>, CodecEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_buffer_reused_cycle_after_cycle_gives_back_a_peak() {
+        let mut r = Rows::new(vec![ColumnType::Varchar]);
+        let long = "x".repeat(1000);
+        for _ in 0..20_000 {
+            r.push(&[Cell::Str(&long)]);
+        }
+        let peak = r.held_bytes();
+        assert!(peak > 16 << 20);
+        for _ in 0..SHRINK_EVERY * 2 {
+            r.clear();
+            r.push(&[Cell::Str("small")]);
+        }
+        assert!(r.held_bytes() <= 2 * KEEP_BYTES, "{}", r.held_bytes());
+        // A buffer that needs its size every cycle keeps it.
+        let mut steady = Rows::new(vec![ColumnType::Varchar]);
+        for _ in 0..SHRINK_EVERY * 2 {
+            steady.clear();
+            for _ in 0..5_000 {
+                steady.push(&[Cell::Str(&long)]);
+            }
+        }
+        assert!(steady.held_bytes() >= 5_000 * 1000);
+    }
 
     fn sample() -> Rows {
         let mut r = Rows::new(TableSchema::dead_letters().types());

@@ -155,11 +155,14 @@ impl Committer {
         Ok(())
     }
 
-    /// The cycles committed since the last call; the first failure, if any.
-    pub fn committed(&mut self, wait_for_all: bool) -> Result<Vec<Committed>> {
+    /// The cycles committed since the last call, in order, and the first failure after them, if
+    /// any (the cycles committed before a failure are still the run's: their rows landed).
+    pub fn committed(&mut self, wait_for_all: bool) -> (Vec<Committed>, Option<EtlError>) {
         if wait_for_all {
             let pool = Arc::clone(&self.pool);
-            pool.help_until(|| self.finished() == self.in_flight)?;
+            if let Err(e) = pool.help_until(|| self.finished() == self.in_flight) {
+                return (Vec::new(), Some(e));
+            }
         }
         let mut out = Vec::new();
         let finished: Vec<_> = self
@@ -168,11 +171,18 @@ impl Committer {
             .unwrap_or_else(PoisonError::into_inner)
             .drain(..)
             .collect();
+        let mut failed = None;
         for next in finished {
             self.in_flight -= 1;
-            out.push(next?);
+            match next {
+                Ok(c) if failed.is_none() => out.push(c),
+                Ok(_) => {}
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
         }
-        Ok(out)
+        (out, failed)
     }
 }
 

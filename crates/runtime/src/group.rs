@@ -157,6 +157,8 @@ struct Task {
     /// What its last commit (or its claim) stored.
     committed_offset: i64,
     committed_watermark_ms: i64,
+    /// The size of its open windows' checkpoint form, as last committed.
+    state_bytes: u64,
     batch: Batch,
 }
 
@@ -353,6 +355,7 @@ impl GroupRun {
             seq: stored.map_or(0, |s| s.seq),
             committed_offset: stored.map_or(-1, |s| s.next_offset),
             committed_watermark_ms: stored.map_or(NO_WATERMARK, |s| s.watermark_ms),
+            state_bytes: 0,
             engine,
             source,
             read: ReadState::new(1),
@@ -653,6 +656,7 @@ impl GroupRun {
             }
             let mut open_windows = Vec::new();
             t.engine.encode_open_windows(&mut open_windows)?;
+            t.state_bytes = open_windows.len() as u64;
             ids.push(p);
             states.push(PartitionSnapshot {
                 seq: t.seq + 1,
@@ -777,7 +781,8 @@ impl GroupRun {
             .min()
             .unwrap_or(NO_WATERMARK);
         let open: usize = self.tasks.values().map(|t| t.engine.open_windows()).sum();
-        RunStats::new(
+        let state_bytes = self.tasks.values().map(|t| t.state_bytes).sum();
+        let mut s = RunStats::new(
             &self.cfg.job,
             c,
             watermark,
@@ -785,7 +790,9 @@ impl GroupRun {
             (open, self.tasks.len()),
             self.cycles,
             self.stop,
-        )
+        );
+        s.state_bytes = state_bytes;
+        s
     }
 }
 

@@ -51,6 +51,8 @@ pub struct RunStats {
     pub elapsed_ms: i64,
     pub events_per_sec: f64,
     pub open_windows: u64,
+    /// The bytes of the open windows' state in its checkpoint form, as last committed.
+    pub state_bytes: u64,
     pub partitions: u64,
     pub cycles: u64,
     /// `running` until the last row; then why the run stopped.
@@ -117,6 +119,7 @@ impl RunStats {
                 0.0
             },
             open_windows: open_windows as u64,
+            state_bytes: 0,
             partitions: partitions as u64,
             cycles,
             status: match stop {
@@ -152,6 +155,8 @@ pub struct Run {
     /// The counts of the cycles committed, as their tables hold them: what the run reports (a
     /// cycle that failed to commit, and is read again by the next run, counts nowhere).
     committed: Counters,
+    /// The size of the open windows' checkpoint form, as last handed to the committer.
+    state_bytes: u64,
     /// Declared before the lock: dropping the run finishes its commits, then frees the job.
     committer: Committer,
     _lock: JobLock,
@@ -344,6 +349,7 @@ impl Run {
             interrupt: Arc::new(AtomicBool::new(false)),
             submitted: Counters::default(),
             committed: Counters::default(),
+            state_bytes: 0,
             committer,
             _lock: lock,
         })
@@ -468,6 +474,7 @@ impl Run {
             .collect();
         let mut open_windows = Vec::new();
         self.engine.encode_open_windows(&mut open_windows)?;
+        self.state_bytes = open_windows.len() as u64;
         let seq = (!batch.is_empty()).then(|| {
             self.next_seq += 1;
             self.next_seq - 1
@@ -491,14 +498,16 @@ impl Run {
     /// Tells the source about cycles the committer made durable (Kafka commits the offsets
     /// to the consumer group); `wait` waits for all of them.
     fn confirm(&mut self, wait: bool) -> Result<()> {
-        for done in self.committer.committed(wait)? {
-            self.source.checkpointed(&done.offsets)?;
+        let (done, failed) = self.committer.committed(wait);
+        for done in done {
+            // Counted first: the cycle's rows landed, whatever the source says next.
             self.committed = plus(self.committed, done.counts);
+            self.source.checkpointed(&done.offsets)?;
             if self.spare.len() < 2 {
                 self.spare.push(done.batch);
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Waits until every cycle handed to the committer is committed (or failed): the counts of
@@ -536,7 +545,7 @@ impl Run {
 
     /// The run's row: the counts of what it committed.
     pub fn stats(&self) -> RunStats {
-        RunStats::new(
+        let mut s = RunStats::new(
             &self.cfg.job,
             self.committed,
             self.engine.watermark_ms(),
@@ -544,6 +553,8 @@ impl Run {
             (self.engine.open_windows(), self.source.partitions().len()),
             self.cycles,
             self.stop,
-        )
+        );
+        s.state_bytes = self.state_bytes;
+        s
     }
 }
