@@ -186,7 +186,7 @@ pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::WindowKind, "window_kind", ParamType::Varchar, "`tumbling`", "`tumbling`, `hopping` (with `hop_ms`) or `session` (`window_ms` is the gap)"),
     param(ParamId::HopMs, "hop_ms", ParamType::BigInt, "none", "hopping windows: a window of `window_ms` starts every `hop_ms` (divides `window_ms`)"),
     param(ParamId::GroupBy, "group_by", ParamType::VarcharList, "`[key_field]`", "key columns: dotted paths, `path AS name` (string, number or boolean values); `[]`: one row per window"),
-    param(ParamId::Aggregates, "aggregates", ParamType::VarcharList, "count, sum/min/max of `value_field`", "`count(*)`, `sum(x)`, `avg`, `min`, `max`, `approx_count_distinct`, `approx_quantile(x, q)`, `first`, `last`, `arg_max(x, y)`, `FILTER (WHERE ...)`, `AS name`; with `columns`, any DuckDB aggregate ([more](docs/semantics.md#aggregates))"),
+    param(ParamId::Aggregates, "aggregates", ParamType::VarcharList, "count, sum/min/max of `value_field`", "`count(*)`, `sum(x)`, `avg`, `min`, `max`, `approx_quantile(x, q)`, `arg_max(x, y)`, ..., `FILTER (WHERE ...)`, `AS name`; with `columns`, any DuckDB aggregate ([more](docs/semantics.md#aggregates))"),
     param(ParamId::Columns, "columns", ParamType::VarcharMap, "none", "typed fields, as `read_json`'s: `{'path [AS name]': 'DuckDB type', ...}` ([more](#typed-columns-aggregates-running-results))"),
     param(ParamId::Emit, "emit", ParamType::Varchar, "`close`", "`close` (a window's row when it closes) or `update` (also each cycle's running values) ([more](#typed-columns-aggregates-running-results))"),
     param(ParamId::LateUpdatesMs, "late_updates_ms", ParamType::BigInt, "none", "a late event this close to its window's end corrects the row"),
@@ -207,7 +207,7 @@ pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::MaxRuntimeMs, "max_runtime_ms", ParamType::BigInt, "none", "stop after this long"),
     param(ParamId::IdleTimeoutMs, "idle_timeout_ms", ParamType::BigInt, "none", "a partition silent this long (wall clock) stops holding the watermark back"),
     param(ParamId::Flush, "flush", ParamType::Boolean, "false", "once caught up, close every open window (bounded input)"),
-    param(ParamId::Follow, "follow", ParamType::Boolean, "false", "keep reading what arrives, until `max_runtime_ms`, `max_messages`, an interrupt, `LIMIT`"),
+    param(ParamId::Follow, "follow", ParamType::Boolean, "false", "keep reading what arrives (until a limit, an interrupt, `LIMIT`)"),
     param(ParamId::Background, "background", ParamType::Boolean, "false", "run on the extension's own connections and return at once ([more](#jobs-in-the-background))"),
     param(ParamId::Every, "every", ParamType::Interval, "none", "in the background, a bounded run on this schedule (the next starts after the last ended)"),
     param(ParamId::Start, "start", ParamType::Varchar, "`earliest`", "a new job's start: `earliest`, `latest` or (Kafka) a time (ISO 8601, epoch ms)"),
@@ -225,7 +225,7 @@ pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::Format, "format", ParamType::Varchar, "`json`", "`json`, `avro` or `protobuf` ([formats](docs/semantics.md#message-formats))"),
     param(ParamId::Message, "message", ParamType::Varchar, "as framed", "Protobuf: the message type records must be"),
     param(ParamId::SchemaRegistry, "schema_registry", ParamType::Varchar, "none", "Kafka: the schema registry's URL").only(Applies::Kafka),
-    param(ParamId::SchemaRegistryOptions, "schema_registry_options", ParamType::VarcharMap, "none", "Kafka: `basic.auth.user.info`, `ssl.ca.location`, `ssl.certificate.location`, `ssl.key.location`").only(Applies::Kafka),
+    param(ParamId::SchemaRegistryOptions, "schema_registry_options", ParamType::VarcharMap, "none", "Kafka: the registry's `basic.auth.user.info` and `ssl.*.location` options").only(Applies::Kafka),
 ];
 
 /// The named parameters of `streaming_etl_checkpoint`.

@@ -39,28 +39,66 @@ class Postgres:
         return self.server.get_pid()
 
     def kill(self):
-        """SIGKILL the postmaster (its backends exit when it is gone)."""
+        """SIGKILL the postmaster and its backends, as a machine that loses the server would: a
+        backend left behind keeps the shared memory attached, and a new postmaster then refuses to
+        start until it notices and exits (which a loaded machine may take longer than pg_ctl waits)."""
         pid = self.pid()
-        if pid:
-            os.kill(pid, signal.SIGKILL)
-        deadline = time.time() + 10
-        while time.time() < deadline and _alive(pid):
+        if not pid:
+            return
+        family = [pid] + _children(pid)
+        for p in family:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        deadline = time.time() + 30
+        while time.time() < deadline and any(_alive(p) for p in family):
             time.sleep(0.05)
-        # The backends notice the postmaster's death within a moment; the next start waits for
-        # them through postmaster.pid.
-        time.sleep(0.5)
 
     def start(self):
-        self.server.ensure_postgres_running()
+        # pg_ctl waits 10 s for the server; crash recovery on a loaded machine can take longer,
+        # so a start that timed out is waited for again before it counts as failed.
+        for attempt in range(3):
+            try:
+                self.server.ensure_postgres_running()
+                break
+            except subprocess.TimeoutExpired:
+                if attempt == 2:
+                    raise
+        deadline = time.time() + 60
+        while True:
+            try:
+                self.server.psql("SELECT 1;")
+                return
+            except subprocess.CalledProcessError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def stop(self):
         self.server.cleanup()
 
 
+def _children(pid):
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
 def _alive(pid):
+    """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
     try:
-        os.kill(pid, 0)
-        return True
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
 
