@@ -165,7 +165,8 @@ sqltest: release configure
 # DuckDB lines; DuckLake's tests run on 1.4 (the line PyPI has its extensions for).
 CORE_TESTS := test/python/test_semantics.py test/python/test_windows.py test/python/test_file_source.py \
               test/python/test_host.py test/python/test_sandbox.py test/python/test_duckdb_aggregates.py \
-              test/python/test_sql_jobs.py test/python/test_sql_sets.py test/python/test_background.py
+              test/python/test_sql_jobs.py test/python/test_sql_sets.py test/python/test_background.py \
+              test/python/test_changelog.py
 # Runs side by side must not share pytest's temporary directory (each session tidies it, and the
 # PostgreSQL of the DuckLake tests lost access to its files when another did).
 PYTEST_TMP := /tmp/streaming_etl-pytest

@@ -108,7 +108,7 @@ pub(super) fn single_sink(
 pub(super) fn owner(plan: &RunPlan) -> Owner {
     Owner {
         job: plan.job.job.clone(),
-        shape: crate::sink::owners::describe(&plan.job.engine),
+        shape: plan.job.engine.windows_shown(),
         checkpoint: if plan.subscribe {
             // (A `subscribe` job keeps its state beside its tables.)
             String::new()
@@ -131,6 +131,7 @@ fn bind_sql(host: &Arc<Host>, args: &dyn Args, plan: &mut RunPlan, text: &str) -
         text,
         windows_table: &plan.tables.windows,
         subscribe: plan.subscribe,
+        primary_key: plan.primary_key.as_deref(),
     };
     let job = crate::sql::plan(conn, &given, &mut plan.job.engine)?;
     crate::sql::check_targets(conn, &job, plan.job.engine.revisions(), plan.subscribe)?;

@@ -5,10 +5,13 @@
 //! WAL that stays above twice the threshold for a while is shown, with what to do about it, in
 //! `streaming_etl_jobs()`.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::job::lock;
+/// The watch's state (a panic elsewhere while it was held leaves it as it was: still usable).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// How long the WAL must stay above twice the threshold, and over how many cycles, before the
 /// jobs say so (DuckDB checkpoints at a commit after the WAL passes the threshold, so a WAL

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use streaming_etl_core::{
-    AggSpec, ByTable, EngineConfig, EtlError, Result, Schemas, TimeSpec, TypedColumn,
+    AggSpec, ByTable, EngineConfig, Envelope, EtlError, Result, Schemas, TimeSpec, TypedColumn,
     DEFAULT_KEY_FIELD,
 };
 use streaming_etl_runtime::config::JobConfig;
@@ -18,7 +18,10 @@ use super::columns::parse_columns;
 use super::given::Given;
 use super::kafka::{parse_kafka, parse_partitions, KafkaParams};
 use super::output::{parse_compaction, parse_tables, parse_write_mode, Compaction, WriteMode};
-use super::source::{parse_files, parse_format, parse_start, parse_topic, SourceSpec, Start};
+use super::source::{
+    parse_envelope, parse_files, parse_format, parse_primary_key, parse_start, parse_topic,
+    SourceSpec, Start,
+};
 use super::sql_name::TableName;
 use super::table::*;
 use super::time::parse_time;
@@ -51,6 +54,8 @@ pub struct RunPlan {
     pub adapters: BTreeMap<String, String>,
     /// Run beside the user, on the extension's own connections (`background`, `every`).
     pub background: Option<Background>,
+    /// The key of an `INSERT OR REPLACE` target the job creates (`primary_key`).
+    pub primary_key: Option<Vec<String>>,
 }
 
 impl RunPlan {
@@ -123,6 +128,13 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
             (1, lateness)
         }
         None => {
+            if let Some(p) = SQL_FORM_ONLY.iter().find(|&&p| given.get(p).is_some()) {
+                return Err(EtlError::invalid(
+                    given.name(*p),
+                    "belongs to a job written as SQL, streaming_etl_sql(topic, sql, ...)",
+                    given.get(*p).map(shown).unwrap_or_default(),
+                ));
+            }
             let window_ms = required_int("window_ms", args.positional(1))?;
             if window_ms <= 0 {
                 return Err(EtlError::invalid("window_ms", "must be > 0", window_ms));
@@ -177,7 +189,16 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         ));
     }
     let key_field = given.field(ParamId::KeyField, DEFAULT_KEY_FIELD)?;
-    let time_field = given.field(ParamId::TimeField, "event_time_ms")?;
+    let envelope = parse_envelope(&given)?;
+    // A Debezium event's time is the change's (`ts_ms`: when the connector read it), unless
+    // `time_field` names another (`source.ts_ms`: when the database made it).
+    let time_field = given.field(
+        ParamId::TimeField,
+        match envelope {
+            Envelope::Debezium => "ts_ms",
+            Envelope::None => "event_time_ms",
+        },
+    )?;
     let value_field = given.field(ParamId::ValueField, "payload.value")?;
     let tables = parse_tables(&given)?;
     let window = parse_window(&given, window_ms)?;
@@ -212,6 +233,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         aggregates,
         value_field,
         format,
+        envelope,
         schemas: Schemas::default(),
         emit,
         late_updates_ms,
@@ -294,6 +316,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let background = parse_background(&given, job_config.follow)?;
     Ok(RunPlan {
         background,
+        primary_key: parse_primary_key(&given)?,
         sql,
         adapters,
         subscribe,

@@ -2,7 +2,7 @@
 //! begins (`start`), the files' rolling rule (`files`) and how messages are encoded (`format`,
 //! `message`, checked with `schema_registry`).
 
-use streaming_etl_core::{iso8601_ms, EtlError, Format, Result, Zone};
+use streaming_etl_core::{iso8601_ms, Envelope, EtlError, Format, Result, Zone};
 
 use super::given::Given;
 use super::table::*;
@@ -129,6 +129,48 @@ pub(super) fn parse_files(given: &Given<'_>) -> Result<bool> {
 }
 
 /// `format` and `message` (Kafka's binary formats need `schema_registry`, checked with it).
+/// `envelope`: what wraps the records (a job written as SQL reads Debezium's change events).
+pub(super) fn parse_envelope(given: &Given<'_>) -> Result<Envelope> {
+    let envelope =
+        match given.text(ParamId::Envelope)?.as_deref() {
+            None => Envelope::None,
+            Some(e) if e.eq_ignore_ascii_case("debezium") => Envelope::Debezium,
+            Some(other) => return Err(EtlError::invalid(
+                given.name(ParamId::Envelope),
+                "must be 'debezium' (Debezium's change events: before, after, op, ts_ms, source)",
+                format!("'{other}'"),
+            )),
+        };
+    if envelope == Envelope::Debezium {
+        if let Some(f) = given.text(ParamId::Format)?.filter(|f| f != "json") {
+            return Err(EtlError::invalid(
+                given.name(ParamId::Envelope),
+                format!("reads Debezium's JSON events (format := 'json'), not format := '{f}' yet"),
+                "'debezium'",
+            ));
+        }
+    }
+    Ok(envelope)
+}
+
+/// `primary_key`: the key of an `INSERT OR REPLACE` target the job creates.
+pub(super) fn parse_primary_key(given: &Given<'_>) -> Result<Option<Vec<String>>> {
+    let Some(key) = given.text_list(ParamId::PrimaryKey)? else {
+        return Ok(None);
+    };
+    if key.is_empty() || key.iter().any(|k| k.trim().is_empty()) {
+        return Err(EtlError::invalid(
+            given.name(ParamId::PrimaryKey),
+            "must name the target's key columns, such as ['id']",
+            given
+                .get(ParamId::PrimaryKey)
+                .map(shown)
+                .unwrap_or_default(),
+        ));
+    }
+    Ok(Some(key))
+}
+
 pub(super) fn parse_format(given: &Given<'_>, is_kafka: bool) -> Result<Format> {
     let format = match given.text(ParamId::Format)?.as_deref() {
         None | Some("json") => Format::Json,

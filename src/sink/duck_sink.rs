@@ -30,12 +30,12 @@ use streaming_etl_runtime::sink::{Output, OutputSink, Tables, Written};
 use super::catalog::OutputCatalog;
 use super::insert::{insert, insert_staged, insert_windows, Part, StagedPart, StagedWrite, Verb};
 use super::lake::{compact, with_retry};
-use super::owners::{self, Claims, Owner, JOB_COLUMN};
+use super::owners::{self, Claims, Owner};
 use super::sql_cycle::{add_output_column, Cycle, SqlOutput};
 use super::staged::{ensure_staged_table, Staging};
-use super::tables::{ensure_table, revision_columns, sink_error};
+use super::tables::{ensure_table, revision_columns, sink_error, with_job};
 use crate::host::connections::SharedConn;
-use crate::params::{quote_literal, Compaction, TableName, WriteMode};
+use crate::params::{Compaction, TableName, WriteMode};
 
 /// The table that records, per job, the last batch applied.
 pub const MARKER_TABLE: &str = "streaming_etl_batches";
@@ -157,7 +157,7 @@ impl DuckSink {
         let mut keys = ByTable::<Keys>::default();
         let sql = self.sql_for(tables);
         let sql_schemas = sql.first().map(|s| ByTable {
-            windows: s.target.without_key(),
+            windows: s.created(),
             late: SqlOutput::late_schema(&schemas.late),
             dead: schemas.dead.clone(),
         });
@@ -174,9 +174,10 @@ impl DuckSink {
         {
             let shared = i > 0 && !owners::lacks_job_column(conn, table);
             let schema = with_job(schema, shared.then_some(""));
+            let keyed = i == 0 && sql.first().is_some_and(SqlOutput::is_keyed);
             let declared = match self.mode {
-                WriteMode::Upsert => schema,
-                WriteMode::Append => schema.without_key(),
+                WriteMode::Append if !keyed => schema.without_key(),
+                _ => schema,
             };
             // Two jobs creating a lake's table at once conflict; the one that retries finds it.
             let mut primary = false;
@@ -196,7 +197,7 @@ impl DuckSink {
             // The other statements' targets, as the first's (the windows table's place).
             let table = s.stmt.target.sql();
             with_retry(&table, || {
-                ensure_table(conn, &table, &s.target.without_key(), catalog_keys)
+                ensure_table(conn, &table, &s.created(), catalog_keys)
                     .inspect_err(|_| {
                         let _ = conn.execute_batch("ROLLBACK");
                     })
@@ -230,14 +231,6 @@ struct Prepared {
     marker: String,
     /// Late events and dead letters carry the job in a column (and their key).
     jobbed: ByTable<bool>,
-}
-
-/// A late or dead table's shape as written: with the job's column when the table has it.
-pub(crate) fn with_job(schema: &TableSchema, job: Option<&str>) -> TableSchema {
-    match job {
-        Some(j) => schema.with_given(JOB_COLUMN, "VARCHAR", &quote_literal(j), true),
-        None => schema.clone(),
-    }
 }
 
 /// How a batch meets its tables.

@@ -5,11 +5,13 @@
 //! and what it can do; a `subscribe` run keeps its partitions' state beside them
 //! ([`partition_store`], its rows in [`partition_rows`]); the aggregates DuckDB computes read the
 //! events of open windows staged beside them too ([`staged`]); a job written as SQL's statement
-//! runs its part of each cycle in [`sql_cycle`].
+//! runs its part of each cycle in [`sql_cycle`], a keyed statement's (`INSERT OR REPLACE`, a
+//! table kept from a changelog) in [`keyed`].
 
 pub mod catalog;
 pub mod duck_sink;
 pub mod insert;
+pub mod keyed;
 pub mod lake;
 pub mod owners;
 pub mod partition_rows;

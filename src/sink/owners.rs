@@ -15,7 +15,7 @@
 use std::sync::Mutex;
 
 use duckdb::Connection;
-use streaming_etl_core::{ByTable, EngineConfig, EtlError, Result, WindowKind};
+use streaming_etl_core::{ByTable, EtlError, Result};
 
 use super::lake::with_retry;
 use super::sql_cycle::SqlOutput;
@@ -25,8 +25,7 @@ use crate::params::TableName;
 /// The registry's name, beside each table it speaks for.
 pub const OWNERS_TABLE: &str = "streaming_etl_tables";
 
-/// The column that names a row's job in a table jobs share.
-pub const JOB_COLUMN: &str = "job";
+pub use super::tables::JOB_COLUMN;
 
 const OWNERS_COLUMNS: &str = "table_name VARCHAR, job VARCHAR, holds VARCHAR, exclusive BOOLEAN, shape VARCHAR, checkpoint VARCHAR, since_ms BIGINT";
 
@@ -41,6 +40,8 @@ pub enum Holds {
     Dead,
     /// A transform's rows (appended).
     Rows,
+    /// A keyed statement's rows (`INSERT OR REPLACE`): one job's.
+    Keyed,
 }
 
 impl Holds {
@@ -50,6 +51,7 @@ impl Holds {
             Holds::Late => "late events",
             Holds::Dead => "dead letters",
             Holds::Rows => "rows",
+            Holds::Keyed => "rows by key",
         }
     }
 
@@ -58,6 +60,7 @@ impl Holds {
             "windows" => Holds::Windows,
             "late events" => Holds::Late,
             "dead letters" => Holds::Dead,
+            "rows by key" => Holds::Keyed,
             _ => Holds::Rows,
         }
     }
@@ -96,7 +99,9 @@ pub fn uses(tables: &ByTable<TableName>, sql: &[SqlOutput], owner: &Owner) -> Ve
     for s in sql {
         uses.push(TableUse {
             table: s.stmt.target.clone(),
-            holds: if s.is_transform() {
+            holds: if s.is_keyed() {
+                Holds::Keyed
+            } else if s.is_transform() {
                 Holds::Rows
             } else {
                 Holds::Windows
@@ -126,17 +131,6 @@ pub struct Owner {
     pub job: String,
     pub shape: String,
     pub checkpoint: String,
-}
-
-/// A job's windows in a few words: `1000 ms windows`, `60000 ms windows every 10000 ms`,
-/// `sessions with a 5000 ms gap`.
-pub fn describe(cfg: &EngineConfig) -> String {
-    let ms = cfg.time.window_ms;
-    match cfg.window {
-        WindowKind::Tumbling => format!("{ms} ms windows"),
-        WindowKind::Hopping { hop_ms } => format!("{ms} ms windows every {hop_ms} ms"),
-        WindowKind::Session => format!("sessions with a {ms} ms gap"),
-    }
 }
 
 fn duck(table: &str) -> impl Fn(duckdb::Error) -> EtlError + '_ {
@@ -234,7 +228,7 @@ fn refusal(t: &TableUse, other: &Recorded, owner: &Owner) -> EtlError {
 /// dead letters in a table without the job column.
 fn is_exclusive(conn: &Connection, t: &TableUse) -> bool {
     match t.holds {
-        Holds::Windows => true,
+        Holds::Windows | Holds::Keyed => true,
         Holds::Late | Holds::Dead => lacks_job_column(conn, &t.table.sql()),
         Holds::Rows => false,
     }
@@ -501,29 +495,14 @@ mod tests {
     }
 
     #[test]
-    fn windows_are_described_by_their_kind_and_size() {
-        use streaming_etl_core::{FieldPath, TimeSpec};
-        let path = |p: &str| FieldPath::parse(p).unwrap();
-        let mut cfg = EngineConfig::with_defaults(
-            TimeSpec {
-                window_ms: 60_000,
-                lateness_ms: 0,
-                idle_timeout_ms: None,
-            },
-            path("key"),
-            path("t"),
-            &path("v"),
-        );
-        assert_eq!(describe(&cfg), "60000 ms windows");
-        cfg.window = WindowKind::Hopping { hop_ms: 10_000 };
-        assert_eq!(describe(&cfg), "60000 ms windows every 10000 ms");
-        cfg.window = WindowKind::Session;
-        assert_eq!(describe(&cfg), "sessions with a 60000 ms gap");
-    }
-
-    #[test]
     fn claims_are_parsed_back_as_written() {
-        for h in [Holds::Windows, Holds::Late, Holds::Dead, Holds::Rows] {
+        for h in [
+            Holds::Windows,
+            Holds::Late,
+            Holds::Dead,
+            Holds::Rows,
+            Holds::Keyed,
+        ] {
             assert_eq!(Holds::parse(h.name()), h);
         }
     }

@@ -104,13 +104,13 @@ impl SqlOutput {
             })
             .collect();
         let mut key = stmt.key.clone();
-        if !matches!(stmt.body, Body::Transform { .. }) {
+        if stmt.body.windowed() {
             if let Some((fin, _, _)) = revision_columns(engine) {
                 columns.extend(engine.columns[fin..fin + 3].iter().cloned());
             }
         }
         // (A transform's rows have their partition among its columns.)
-        if partitioned && !matches!(stmt.body, Body::Transform { .. }) {
+        if partitioned && stmt.body.windowed() {
             columns.push(Column::new("partition", ColumnType::Integer));
             if !key.is_empty() {
                 key.push("partition".into());
@@ -138,8 +138,8 @@ impl SqlOutput {
             partitioned,
             layer: None,
             shape: match &stmt.body {
-                Body::Transform { .. } => String::new(),
-                _ => super::owners::describe(cfg),
+                Body::Transform { .. } | Body::Keyed(_) => String::new(),
+                _ => cfg.windows_shown(),
             },
         }
     }
@@ -151,6 +151,22 @@ impl SqlOutput {
     /// Whether the statement is a transform (its rows appended, no window).
     pub fn is_transform(&self) -> bool {
         matches!(self.stmt.body, Body::Transform { .. })
+    }
+
+    /// Whether the statement keeps a row per key (`INSERT OR REPLACE`): its target is created
+    /// with its key.
+    pub fn is_keyed(&self) -> bool {
+        matches!(self.stmt.body, Body::Keyed(_))
+    }
+
+    /// The target as created: a keyed statement's with its key, the others' without (their
+    /// GROUP BY keys may be NULL: rows are matched with NULLs equal).
+    pub fn created(&self) -> TableSchema {
+        if self.is_keyed() {
+            self.target.clone()
+        } else {
+            self.target.without_key()
+        }
     }
 
     /// Whether a window's rows may be written more than once (`emit := 'update'`,
@@ -200,6 +216,12 @@ impl SqlOutput {
                         cols.join(", ")
                     ))
                     .map_err(|e| sink_error(&target, e))?;
+                }
+                return Ok(written);
+            }
+            Body::Keyed(keyed) => {
+                if events {
+                    super::keyed::write(conn, &target, keyed)?;
                 }
                 return Ok(written);
             }
@@ -407,8 +429,7 @@ impl SqlOutput {
         if all.is_empty() {
             return Ok(0);
         }
-        let schema =
-            super::duck_sink::with_job(&SqlOutput::late_schema(cycle.late_schema), cycle.job);
+        let schema = super::tables::with_job(&SqlOutput::late_schema(cycle.late_schema), cycle.job);
         let (_lent, query) = lend(&all);
         let at = |name: &str| {
             cycle

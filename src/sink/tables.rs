@@ -4,7 +4,18 @@
 use duckdb::Connection;
 use streaming_etl_core::{Column, ColumnType, EtlError, Result, TableSchema};
 
-use crate::params::quote_ident;
+use crate::params::{quote_ident, quote_literal};
+
+/// The column of a late or dead table that names the job a row is of (tables jobs share).
+pub const JOB_COLUMN: &str = "job";
+
+/// A late or dead table's shape as written: with the job's column when the table has it.
+pub(crate) fn with_job(schema: &TableSchema, job: Option<&str>) -> TableSchema {
+    match job {
+        Some(j) => schema.with_given(JOB_COLUMN, "VARCHAR", &quote_literal(j), true),
+        None => schema.clone(),
+    }
+}
 
 pub(crate) fn sink_error(table: &str, message: impl std::fmt::Display) -> EtlError {
     EtlError::Sink {

@@ -50,7 +50,7 @@ pub fn events_columns(cfg: &EngineConfig) -> Vec<(String, String, String)> {
                 .unwrap_or(0)
         ),
     ));
-    out
+    super::debezium::events(cfg, out)
 }
 
 /// The query node with the stream's table reference replaced by the cycle's events, under the

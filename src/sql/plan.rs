@@ -22,7 +22,7 @@ use std::collections::HashSet;
 use duckdb::Connection;
 use serde_json::Value;
 use streaming_etl_core::{
-    EngineConfig, EtlError, KeyColumn, Result, TypedColumn, WindowKind, MAX_AGGREGATES,
+    EngineConfig, Envelope, EtlError, KeyColumn, Result, TypedColumn, WindowKind, MAX_AGGREGATES,
 };
 
 use super::ast;
@@ -68,6 +68,8 @@ pub struct SqlStatement {
 pub enum Body {
     /// Its SQL over the cycle's events (`__se_events`).
     Transform { sql: String },
+    /// `INSERT OR REPLACE`: a row per key, each event's replacing its key's (a changelog).
+    Keyed(super::keyed::Keyed),
     /// The engine's window rows, each target column an expression over their columns `c0, ...`.
     Engine { projection: Vec<String> },
     /// DuckDB's, over the staged rows.
@@ -82,13 +84,26 @@ pub enum Body {
     },
 }
 
+impl Body {
+    /// Whether its rows are a window's (engine or staged), with a window's revision columns.
+    pub fn windowed(&self) -> bool {
+        matches!(self, Body::Engine { .. } | Body::Staged { .. })
+    }
+}
+
 impl SqlJob {
     /// What the job's settings keep of it: each statement's target and text as DuckDB prints it.
     pub fn setting(&self) -> String {
         let shown: Vec<String> = self
             .statements
             .iter()
-            .map(|s| format!("INSERT INTO {} {}", s.target_shown, s.normalized))
+            .map(|s| {
+                let verb = match s.body {
+                    Body::Keyed(_) => "INSERT OR REPLACE INTO",
+                    _ => "INSERT INTO",
+                };
+                format!("{verb} {} {}", s.target_shown, s.normalized)
+            })
             .collect();
         shown.join("; ").replace('\n', " ")
     }
@@ -103,11 +118,14 @@ fn stmt_err(target: &str, message: impl Into<String>) -> EtlError {
 
 /// The stream as a statement sees it: the typed columns, then its own.
 fn stream_columns(cfg: &EngineConfig) -> Vec<(String, String)> {
-    let mut cols: Vec<(String, String)> = cfg
-        .columns
-        .iter()
-        .map(|c| (c.name.clone(), c.sql_type.clone()))
-        .collect();
+    let mut cols: Vec<(String, String)> = match cfg.envelope {
+        Envelope::Debezium => super::debezium::visible_columns(cfg),
+        Envelope::None => cfg
+            .columns
+            .iter()
+            .map(|c| (c.name.clone(), c.sql_type.clone()))
+            .collect(),
+    };
     cols.extend(
         STREAM_COLUMNS
             .iter()
@@ -122,6 +140,8 @@ pub struct Given<'a> {
     /// `windows_table`: where a bare SELECT writes.
     pub windows_table: &'a TableName,
     pub subscribe: bool,
+    /// `primary_key`: the key of an `INSERT OR REPLACE` target the job creates.
+    pub primary_key: Option<&'a [String]>,
 }
 
 /// Plans a job's statements and configures its engine for them (`cfg`: the typed columns
@@ -146,6 +166,7 @@ pub fn plan(conn: &Connection, given: &Given<'_>, cfg: &mut EngineConfig) -> Res
             ));
         }
     }
+    super::debezium::expand(cfg)?;
     // Parsed first: which of the functions they call are aggregates is asked once for all.
     let parsed: Vec<std::result::Result<(String, Value), String>> =
         texts.iter().map(|t| duck::parse(conn, &t.query)).collect();
@@ -237,7 +258,7 @@ pub fn check_targets(
 ) -> Result<()> {
     for s in &job.statements {
         let mut want = s.columns.clone();
-        if revisions && !matches!(s.body, Body::Transform { .. }) {
+        if revisions && s.body.windowed() {
             want.extend(
                 [
                     ("final", "BOOLEAN"),
@@ -247,7 +268,7 @@ pub fn check_targets(
                 .map(|(n, t)| (n.to_string(), t.to_string())),
             );
         }
-        if partitioned && !matches!(s.body, Body::Transform { .. }) {
+        if partitioned && s.body.windowed() {
             want.push(("partition".into(), "INTEGER".into()));
         }
         let Some(have) = duck::table_columns(conn, &s.target.sql()) else {
@@ -369,14 +390,52 @@ fn plan_statement(
         })
         .cloned()
         .collect();
+    if t.replace && sh.window.is_some() {
+        return Err(fail(format!(
+            "INSERT OR REPLACE INTO {target_shown} keeps a row per key, each event's replacing its key's, so it takes no window; a windowed statement writes INSERT INTO, and write_mode := 'upsert' replaces a window's row by its key"
+        )));
+    }
+    if cfg.envelope == Envelope::Debezium && sh.window.is_some() {
+        return Err(fail(
+            "with envelope := 'debezium', a statement reads each change without a window (INSERT OR REPLACE keeps the table, INSERT INTO appends the changes); window what it keeps with another job".into(),
+        ));
+    }
     let Some((wf, intervals)) = &sh.window else {
-        cfg.columns = used;
+        if cfg.envelope != Envelope::Debezium {
+            // (A Debezium row's columns are read from after or before as op says: all kept.)
+            cfg.columns = used;
+        }
         cfg.window = WindowKind::Tumbling;
         cfg.time.window_ms = TRANSFORM_WINDOW_MS;
         cfg.keys = Vec::new();
         cfg.default_key = false;
         stage_every_event(cfg, &typing)?;
         let mut node = replace_stream(&node, &sh, conn)?;
+        if t.replace {
+            let keyed = super::keyed::plan(
+                conn,
+                &super::keyed::Statement {
+                    answer: &answer,
+                    node: &node,
+                    stream: &sh.stream,
+                    columns: &columns,
+                    target: &target,
+                    target_shown: &target_shown,
+                    primary_key: given.primary_key,
+                    subscribe: given.subscribe,
+                    envelope: cfg.envelope,
+                },
+            )?;
+            return Ok(SqlStatement {
+                target_shown,
+                target,
+                key: keyed.key.clone(),
+                columns: keyed.columns.clone(),
+                body: Body::Keyed(keyed),
+                normalized,
+                retract: Vec::new(),
+            });
+        }
         if given.subscribe
             && !columns
                 .iter()

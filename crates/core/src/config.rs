@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::aggregate::AggSpec;
 use crate::columns::{Repr, ResolverHandle, TypedColumn};
 use crate::decode::FieldPath;
-use crate::format::{Format, Schemas};
+use crate::format::{Envelope, Format, Schemas};
 use crate::rows::{Column, ColumnType, Role, TableSchema};
 use crate::state::OutputSchemas;
 use crate::time::{TimeFormat, Zone};
@@ -97,6 +97,8 @@ pub struct EngineConfig {
     pub value_field: FieldPath,
     /// How messages are encoded (`format`).
     pub format: Format,
+    /// What wraps the record (`envelope`).
+    pub envelope: Envelope,
     /// Where Avro and Protobuf schemas are found by id (filled by the source's adapter).
     pub schemas: Schemas,
     /// When window rows are written (`emit`).
@@ -164,6 +166,7 @@ impl EngineConfig {
             aggregates: AggSpec::defaults(value_field),
             value_field: value_field.clone(),
             format: Format::Json,
+            envelope: Envelope::None,
             schemas: Schemas::default(),
             emit: Emit::Close,
             late_updates_ms: None,
@@ -173,6 +176,17 @@ impl EngineConfig {
             typed_inputs: false,
             null_keys: false,
             layers: Vec::new(),
+        }
+    }
+
+    /// The job's windows in a few words: `1000 ms windows`, `60000 ms windows every 10000 ms`,
+    /// `sessions with a 5000 ms gap`.
+    pub fn windows_shown(&self) -> String {
+        let ms = self.time.window_ms;
+        match self.window {
+            WindowKind::Tumbling => format!("{ms} ms windows"),
+            WindowKind::Hopping { hop_ms } => format!("{ms} ms windows every {hop_ms} ms"),
+            WindowKind::Session => format!("sessions with a {ms} ms gap"),
         }
     }
 
@@ -351,6 +365,9 @@ impl EngineConfig {
                 }
             }
         }
+        if self.envelope != Envelope::None {
+            extra.insert("envelope".into(), format!("'{}'", self.envelope.name()));
+        }
         if self.emit != Emit::Close {
             extra.insert("emit".into(), format!("'{}'", self.emit.name()));
         }
@@ -486,6 +503,16 @@ impl JobSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn windows_are_shown_by_their_kind_and_size() {
+        let mut cfg = EngineConfig::for_tests(60_000, 0);
+        assert_eq!(cfg.windows_shown(), "60000 ms windows");
+        cfg.window = WindowKind::Hopping { hop_ms: 10_000 };
+        assert_eq!(cfg.windows_shown(), "60000 ms windows every 10000 ms");
+        cfg.window = WindowKind::Session;
+        assert_eq!(cfg.windows_shown(), "sessions with a 60000 ms gap");
+    }
 
     #[test]
     fn settings_differences_name_the_setting() {

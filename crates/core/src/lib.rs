@@ -51,7 +51,9 @@ pub use config::{
 pub use decode::{parse_f64, parse_i64, DecodeError, Decoder, Field, FieldPath, Fields, Kind};
 pub use engine::{Counters, Engine, PartitionProgress, Restored};
 pub use error::{EtlError, Result};
-pub use format::{Format, RecordDecoder, RegisteredSchema, SchemaCache, SchemaType, Schemas};
+pub use format::{
+    Envelope, Format, RecordDecoder, RegisteredSchema, SchemaCache, SchemaType, Schemas,
+};
 pub use pipeline::{read_cycle, reported_watermark, CycleLimits, ReadState, Stop};
 pub use pool::{Actor, Pool};
 pub use rows::{Cell, Column, ColumnType, OwnedCell, Role, RowCursor, Rows, TableSchema};

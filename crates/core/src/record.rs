@@ -11,7 +11,7 @@ use crate::decode::{
     json_number, json_string, parse_f64, parse_i64, DecodeError, Field, FieldPath, Fields, Kind,
 };
 use crate::filter::Filter;
-use crate::format::{Format, RecordDecoder, Schemas};
+use crate::format::{Envelope, Format, RecordDecoder, Schemas};
 use crate::hll::hash64;
 use crate::time::{
     epoch_ms, iso8601_ms, TimeError, TimeFormat, Zone, MAX_EVENT_TIME_MS, MIN_EVENT_TIME_MS,
@@ -77,6 +77,7 @@ pub(crate) struct FieldPlan {
     inputs: Vec<AggInput>,
     /// How messages are encoded, and the schemas of binary ones.
     encoding: Format,
+    envelope: Envelope,
     schemas: Schemas,
     /// The typed columns (`columns`), in order.
     typed: Vec<TypedInput>,
@@ -240,6 +241,7 @@ impl FieldPlan {
             default_key: cfg.default_key,
             inputs,
             encoding: cfg.format.clone(),
+            envelope: cfg.envelope,
             schemas: cfg.schemas.clone(),
             typed,
             key_typed,
@@ -318,6 +320,7 @@ impl FieldPlan {
     pub fn decoder(&self) -> RecordDecoder {
         RecordDecoder::new(self.paths.clone(), &self.encoding, &self.schemas)
             .numbers_only(self.numeric_only())
+            .envelope(self.envelope)
     }
 
     /// The paths only numeric aggregates read: a binary format's floats need no text there.

@@ -18,7 +18,7 @@ pub(crate) mod varint;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use crate::decode::{DecodeError, Decoder, FieldPath, Fields, Span};
+use crate::decode::{DecodeError, Decoder, FieldPath, Fields, Kind, Span};
 use bytes::ReadError;
 pub use registered::{RegisteredSchema, SchemaType};
 use spans::Out;
@@ -48,6 +48,27 @@ impl Format {
     /// Avro or Protobuf: records whose schema is looked up by id.
     pub fn is_binary(&self) -> bool {
         !matches!(self, Format::Json)
+    }
+}
+
+/// What wraps the record a job reads (`envelope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Envelope {
+    /// The message is the record.
+    #[default]
+    None,
+    /// A Debezium change event: `before`, `after`, `op`, `ts_ms`, `source`; in JSON either
+    /// bare or as the `payload` of `{"schema": ..., "payload": ...}` (the JSON converter's
+    /// `schemas.enable`), told apart by the message's first member.
+    Debezium,
+}
+
+impl Envelope {
+    pub fn name(self) -> &'static str {
+        match self {
+            Envelope::None => "none",
+            Envelope::Debezium => "debezium",
+        }
     }
 }
 
@@ -351,6 +372,9 @@ pub struct RecordDecoder {
     fields: Decoder,
     binary: Option<BinaryDecoder>,
     numbers_only: u64,
+    /// JSON Debezium events: finds the `payload` of a `{"schema": ..., "payload": ...}` message,
+    /// whose fields the paths then name (see [`Envelope::Debezium`]).
+    unwrap: Option<Decoder>,
 }
 
 impl RecordDecoder {
@@ -362,7 +386,16 @@ impl RecordDecoder {
             fields: Decoder::new(paths),
             binary,
             numbers_only: 0,
+            unwrap: None,
         }
+    }
+
+    /// Reads the records inside `envelope` (JSON: a wrapped Debezium event's payload).
+    pub(crate) fn envelope(mut self, envelope: Envelope) -> RecordDecoder {
+        if envelope == Envelope::Debezium && self.binary.is_none() {
+            self.unwrap = FieldPath::parse("payload").map(|p| Decoder::new(vec![p]));
+        }
+        self
     }
 
     /// Paths only numeric aggregates read: a binary format's floats there get no text.
@@ -379,7 +412,16 @@ impl RecordDecoder {
         file_schema: Option<u32>,
     ) -> Result<Fields<'a>, DecodeError> {
         match &mut self.binary {
-            None => self.fields.decode(raw),
+            None => {
+                let inner = match &mut self.unwrap {
+                    Some(outer) if first_member_is(raw, b"schema") => payload_of(outer, raw)?,
+                    _ => None,
+                };
+                match inner {
+                    Some(r) => self.fields.decode(&raw[r]),
+                    None => self.fields.decode(raw),
+                }
+            }
             Some(b) => {
                 let numbers_only = self.numbers_only;
                 self.fields.decode_with(raw, |spans, scratch| {
@@ -388,6 +430,42 @@ impl RecordDecoder {
             }
         }
     }
+}
+
+/// Whether the JSON object `raw` begins with the member `name` (the JSON converter writes
+/// `schema` first, so a wrapped event is told apart without a scan).
+fn first_member_is(raw: &[u8], name: &[u8]) -> bool {
+    let skip = |b: &[u8], mut i: usize| {
+        while b.get(i).is_some_and(|c| c.is_ascii_whitespace()) {
+            i += 1;
+        }
+        i
+    };
+    let i = skip(raw, 0);
+    if raw.get(i) != Some(&b'{') {
+        return false;
+    }
+    let i = skip(raw, i + 1);
+    raw.get(i) == Some(&b'"')
+        && raw.get(i + 1..i + 1 + name.len()) == Some(name)
+        && raw.get(i + 1 + name.len()) == Some(&b'"')
+}
+
+/// Where in `raw` its `payload` object is (the whole message is checked as JSON); None when
+/// it has none (the fields are then looked for in the message itself).
+fn payload_of(
+    outer: &mut Decoder,
+    raw: &[u8],
+) -> Result<Option<std::ops::Range<usize>>, DecodeError> {
+    let fields = outer.decode(raw)?;
+    let p = fields.get(0);
+    if p.kind != Kind::Object {
+        return Ok(None);
+    }
+    // An object's span is always the message's own bytes (never the unescaping buffer).
+    let start = (p.bytes.as_ptr() as usize).wrapping_sub(raw.as_ptr() as usize);
+    let end = start.wrapping_add(p.bytes.len());
+    Ok((start <= end && end <= raw.len()).then_some(start..end))
 }
 
 #[cfg(test)]

@@ -426,3 +426,27 @@ fn protobuf_schemas_as_serialized_descriptors_with_references() {
     };
     assert!(SchemaCache::new().add(5, Some(&broken)).is_err());
 }
+
+#[test]
+fn a_debezium_event_is_read_bare_or_as_the_payload_of_its_schema_wrapper() {
+    let p = paths(&["op", "ts_ms", "after.id", "before.name"]);
+    let mut d = RecordDecoder::new(p.clone(), &Format::Json, &Schemas::default())
+        .envelope(Envelope::Debezium);
+    let bare = br#"{"before":{"id":1,"name":"a"},"after":{"id":1,"name":"b"},"op":"u","ts_ms":7}"#;
+    let wrapped = br#" { "schema" : {"type":"struct","fields":[{"field":"op"}]}, "payload": {"before":{"id":1,"name":"a"},"after":{"id":1,"name":"b"},"op":"u","ts_ms":7}}"#;
+    let want = vec![
+        (Kind::String, "u".to_string(), false),
+        (Kind::Number, "7".to_string(), false),
+        (Kind::Number, "1".to_string(), false),
+        (Kind::String, "a".to_string(), false),
+    ];
+    assert_eq!(read(&mut d, bare, 4).unwrap(), want);
+    assert_eq!(read(&mut d, wrapped, 4).unwrap(), want);
+    // The wrapper is still checked as JSON, and a payload of null reads nothing.
+    assert!(read(&mut d, br#"{"schema":{},"payload":{"op":"c"}"#, 1).is_err());
+    let none = read(&mut d, br#"{"schema":null,"payload":null}"#, 1).unwrap();
+    assert_eq!(none[0].0, Kind::Missing);
+    // Without the envelope, the wrapper's fields are not looked into.
+    let mut plain = RecordDecoder::new(p, &Format::Json, &Schemas::default());
+    assert_eq!(read(&mut plain, wrapped, 1).unwrap()[0].0, Kind::Missing);
+}
