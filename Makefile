@@ -41,7 +41,7 @@ BG         := python3 $(CURDIR)/scripts/background.py
 
 
 .PHONY: all configure venv release release-main release-lts debug fault tools install test test_release test_debug unit sqltest \
-        pytest background-installs fuzz-build ci-fresh demo demo-kafka demo-lake bench reliability soak dist readme clean clean_all fmt lint
+        pytest background-installs fuzz-build ci-fresh demo demo-kafka demo-lake demo-cdc bench reliability soak dist readme clean clean_all fmt lint
 
 all: release
 
@@ -97,7 +97,7 @@ $(VENV)/.ready:
 	$(STEP) venv $(PY) -m pip install -q "duckdb==$(DUCKDB_PY)" "duckdb-cli==$(DUCKDB_CLI)" pytest \
 	    "confluent-kafka[avro,protobuf]" fastavro cramjam backports.zstd
 	python3 -m venv $(VENV)/old
-	$(VENV)/old/bin/python -m pip install -q "duckdb==$(DUCKDB_OLD)" pytest confluent-kafka
+	$(VENV)/old/bin/python -m pip install -q "duckdb==$(DUCKDB_OLD)" pytest confluent-kafka fastavro
 	@# PyPI's duckdb-cli installs bin/duckdb as a Python wrapper that runs the real binary as a
 	@# child: Ctrl-C kills the wrapper (a KeyboardInterrupt traceback) and ends the shell. The
 	@# README's shell is the binary itself, which interrupts the query and stays.
@@ -214,6 +214,10 @@ demo-kafka: install tools
 demo-lake: install
 	$(LTS_PY) scripts/demo_lake.py
 
+# A table kept from a Debezium changelog replayed from files, and a job joining against it.
+demo-cdc: install
+	$(PY) scripts/demo_cdc.py
+
 # The long reliability suite: prints its table, writes bench-out/reliability.json and the table
 # into docs/reliability.md (its section 'latest run').
 reliability: release fault tools configure $(CARGO_FUZZ) $(TANSU)
@@ -232,6 +236,7 @@ bench: release tools configure $(NEXMARK)
 	$(PY) scripts/bench_json_libs.py
 	$(PY) scripts/bench_emit.py
 	$(PY) scripts/bench_upsert.py
+	$(PY) scripts/bench_changelog.py
 	$(PY) scripts/bench_sql_aggregates.py
 	$(PY) scripts/bench_sql_jobs.py
 	$(PY) scripts/bench_sql_sets.py

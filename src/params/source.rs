@@ -142,10 +142,13 @@ pub(super) fn parse_envelope(given: &Given<'_>) -> Result<Envelope> {
             )),
         };
     if envelope == Envelope::Debezium {
-        if let Some(f) = given.text(ParamId::Format)?.filter(|f| f != "json") {
+        if let Some(f) = given
+            .text(ParamId::Format)?
+            .filter(|f| f != "json" && f != "avro")
+        {
             return Err(EtlError::invalid(
                 given.name(ParamId::Envelope),
-                format!("reads Debezium's JSON events (format := 'json'), not format := '{f}' yet"),
+                format!("reads Debezium's events in JSON or Avro (format := 'json' or 'avro'), not format := '{f}'"),
                 "'debezium'",
             ));
         }

@@ -116,7 +116,8 @@ class TansuBroker:
 
 def produce(bootstrap, topic, partitions_lines, key_of=None, compression="none", raw=False):
     """Produces lines to explicit partitions (partitions_lines[p] is the list for partition p),
-    in order. key_of(line) gives the message key (None: no key)."""
+    in order. key_of(line) gives the message key (None: no key); a (key, value) pair is produced as
+    it is (a value of None: a tombstone)."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": compression,
@@ -130,8 +131,11 @@ def produce(bootstrap, topic, partitions_lines, key_of=None, compression="none",
 
     for part, lines in enumerate(partitions_lines):
         for line in lines:
-            value = line if isinstance(line, (bytes, str)) else json.dumps(line)
-            key = key_of(line) if key_of else None
+            if isinstance(line, tuple):
+                key, value = line
+            else:
+                value = line if isinstance(line, (bytes, str)) else json.dumps(line)
+                key = key_of(line) if key_of else None
             while True:
                 try:
                     p.produce(topic, value=value, key=key, partition=part, on_delivery=report)

@@ -452,14 +452,15 @@ def test_start_latest_and_at_a_point_in_time(broker):
                   timestamp=base + i * 1000)
     assert p.flush(30) == 0
     con = connect()
+    # (Each job its own windows table: a windows table is one job's.)
     # 'latest': the first run starts at the end; what is produced after it is read.
-    assert run(con, topic, broker.bootstrap, "start := 'latest'", "job := 'latest'")[-1][1] == 0
+    assert run(con, topic, broker.bootstrap, "start := 'latest'", "job := 'latest'", "windows_table := 'w_latest'")[-1][1] == 0
     produce(broker.bootstrap, topic, [[json.dumps({"key": "new", "event_time_ms": base + 50_000})]] * 2)
-    assert run(con, topic, broker.bootstrap, "start := 'latest'", "job := 'latest'")[-1][1] == 2
+    assert run(con, topic, broker.bootstrap, "start := 'latest'", "job := 'latest'", "windows_table := 'w_latest'")[-1][1] == 2
     # 'earliest' (the default) reads everything.
-    assert run(con, topic, broker.bootstrap, "job := 'earliest'")[-1][1] == 22
+    assert run(con, topic, broker.bootstrap, "job := 'earliest'", "windows_table := 'w_earliest'")[-1][1] == 22
     # A point in time: the offsets for the records' timestamps (epoch ms or ISO 8601).
     if broker.name == "mock":
         pytest.skip("librdkafka's mock cluster does not look up offsets for times")
-    assert run(con, topic, broker.bootstrap, f"start := '{base + 10_000}'", "job := 'by-ms'")[-1][1] == 12
-    assert run(con, topic, broker.bootstrap, "start := '2023-11-14 22:13:30'", "job := 'by-iso'")[-1][1] == 12
+    assert run(con, topic, broker.bootstrap, f"start := '{base + 10_000}'", "job := 'by-ms'", "windows_table := 'w_ms'")[-1][1] == 12
+    assert run(con, topic, broker.bootstrap, "start := '2023-11-14 22:13:30'", "job := 'by-iso'", "windows_table := 'w_iso'")[-1][1] == 12

@@ -454,3 +454,24 @@ def test_jobs_share_a_lakes_late_and_dead_tables_and_not_its_windows(tmp_path, p
     owners = con.execute("SELECT table_name, job FROM lake.streaming_etl_tables WHERE exclusive ORDER BY ALL").fetchall()
     assert owners == [("w0", "j0"), ("w1", "j1"), ("w2", "j2"), ("windows", "a")]
     con.close()
+
+
+def test_a_changelog_keeps_a_lake_table_in_runs_of_a_few_hundred_changes(tmp_path, catalog):
+    """A DuckLake has no primary key: the kept table's key is `primary_key`'s, and each cycle
+    deletes its changed keys and inserts their rows again in one DuckLake commit."""
+    from test_changelog import COLUMNS, KEEP, changelog, expected, write_files
+    parts, state, bad = changelog(random.Random(66), 120, 2500, 2)
+    topic = write_files(tmp_path / "in", parts)
+    cat, data = catalog
+    con = lake.connect(tmp_path / "host.duckdb", EXT, cat, data)
+    sql = KEEP.replace("INTO customers", "INTO lake.customers")
+    status = None
+    while status != "caught_up":
+        status = con.execute(f"SELECT status FROM streaming_etl_sql('{topic}', $${sql}$$, envelope := 'debezium', "
+                             f"primary_key := ['id'], columns := {COLUMNS}, max_messages := 700, "
+                             "checkpoint_interval_ms := 20)").fetchall()[-1][0]
+    got = sorted((i, n, t, None if s is None else f"{s:.2f}")
+                 for i, n, t, s in con.execute("SELECT id, name, tier, score FROM lake.customers").fetchall())
+    assert got == expected(state)
+    assert con.execute("SELECT count(*) FROM lake.dead_letters").fetchone()[0] == bad
+    con.close()

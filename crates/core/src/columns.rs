@@ -224,6 +224,13 @@ pub(crate) fn convert<'a>(repr: Repr, f: &Field<'a>) -> Converted<'a> {
             }
         }
         Repr::Text if f.kind == Kind::String => return Converted::Text(text(f.bytes)),
+        // (A record, map or array of a binary format has no JSON text of its own: it is
+        // rendered, as for the other JSON-read types.)
+        Repr::Json { any: true }
+            if matches!(f.kind, Kind::Object | Kind::Array) && f.bytes.is_empty() =>
+        {
+            return Converted::Ask(String::new())
+        }
         Repr::Json { any: true } => return Converted::Text(Cow::Owned(json_text(f))),
         Repr::Decimal { width, scale } if plain => {
             if let Some(d) = decimal_text(f.bytes, width, scale) {

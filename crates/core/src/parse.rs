@@ -138,7 +138,10 @@ impl ChunkParser {
             let msg_key = c.msg_key_spans[i].map(|(s, e)| &c.msg_keys[s..e]);
             let payload = &c.payload[a..b];
             let typed_from = c.typed.len();
-            let (time, rest) = match self.decoder.decode(payload, c.schemas[i]) {
+            let decoded =
+                self.decoder
+                    .decode_message(payload, c.schemas[i], msg_key, c.timestamps[i]);
+            let (time, rest) = match decoded {
                 Err(e) => (Err(Reject::Syntax(e)), Ok(())),
                 Ok(fields) => match self.plan.time(&fields, c.timestamps[i]) {
                     Err(r) => (Err(r), Ok(())),

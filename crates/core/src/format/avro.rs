@@ -37,6 +37,13 @@ enum Node {
     Enum(Vec<String>),
     /// A long of epoch milliseconds, microseconds or nanoseconds: an event time.
     Timestamp(i64),
+    /// The `decimal` logical type: a big-endian two's-complement unscaled integer in bytes
+    /// (`size` None) or a fixed of `size` bytes, with `scale` digits after the point; read as
+    /// the number it is.
+    Decimal {
+        scale: usize,
+        size: Option<usize>,
+    },
     Record(Vec<(String, usize)>),
     Array(usize),
     Map(usize),
@@ -73,13 +80,107 @@ impl AvroSchema {
         })
     }
 
-    /// The whole datum as JSON (late events keep their payload so), decoded by apache-avro.
+    /// The whole datum as JSON (late events keep their payload so), decoded by apache-avro;
+    /// a datum apache-avro does not render (one with a `decimal`) is rendered here.
     pub(crate) fn json(&self, datum: &[u8]) -> Option<String> {
         let refs: Vec<&Schema> = self.references.iter().collect();
-        let v = apache_avro::from_avro_datum_schemata(&self.parsed, refs, &mut &datum[..], None)
-            .ok()?;
-        let j = serde_json::Value::try_from(v).ok()?;
-        Some(j.to_string())
+        let apache =
+            apache_avro::from_avro_datum_schemata(&self.parsed, refs, &mut &datum[..], None)
+                .ok()
+                .and_then(|v| serde_json::Value::try_from(v).ok());
+        if let Some(j) = apache {
+            return Some(j.to_string());
+        }
+        let mut out = String::new();
+        let mut r = Cursor { b: datum, i: 0 };
+        self.render(&mut r, self.root, 0, &mut out).ok()?;
+        Some(out)
+    }
+
+    /// Writes the value of `node` at `r` as JSON: unions as their branch's value, bytes and
+    /// fixed as text (lossy), decimals as numbers.
+    fn render(
+        &self,
+        r: &mut Cursor<'_>,
+        node: usize,
+        depth: usize,
+        out: &mut String,
+    ) -> Result<(), ReadError> {
+        if depth > MAX_DEPTH {
+            return Err(ReadError::TooDeep);
+        }
+        let text = |out: &mut String, b: &[u8]| {
+            crate::decode::json_string(&String::from_utf8_lossy(b), out);
+        };
+        match &self.nodes[node] {
+            Node::Null => out.push_str("null"),
+            Node::Boolean => out.push_str(if r.take(1)?[0] == 1 { "true" } else { "false" }),
+            Node::Int | Node::Long | Node::Timestamp(_) => {
+                out.push_str(&varint::zigzag(r.b, &mut r.i)?.to_string());
+            }
+            Node::Float => {
+                let v = f32::from_le_bytes(array(r.b, &mut r.i)?);
+                out.push_str(&serde_json::Value::from(f64::from(v)).to_string());
+            }
+            Node::Double => {
+                let v = f64::from_le_bytes(array(r.b, &mut r.i)?);
+                out.push_str(&serde_json::Value::from(v).to_string());
+            }
+            Node::String | Node::Bytes => text(out, r.bytes()?),
+            Node::Fixed(n) => text(out, r.take(*n)?),
+            Node::Decimal { scale, size } => {
+                let s = match size {
+                    Some(n) => r.take(*n)?,
+                    None => r.bytes()?,
+                };
+                out.push_str(&decimal_text(s, *scale)?);
+            }
+            Node::Enum(symbols) => {
+                let i = varint::zigzag(r.b, &mut r.i)?;
+                let s = usize::try_from(i)
+                    .ok()
+                    .and_then(|i| symbols.get(i))
+                    .ok_or(ReadError::Bad("an enum index outside its symbols"))?;
+                text(out, s.as_bytes());
+            }
+            Node::Union(branches) => {
+                let b = r.branch(branches)?;
+                self.render(r, b, depth, out)?;
+            }
+            Node::Record(fields) => {
+                out.push('{');
+                for (k, (name, child)) in fields.iter().enumerate() {
+                    if k > 0 {
+                        out.push(',');
+                    }
+                    text(out, name.as_bytes());
+                    out.push(':');
+                    self.render(r, *child, depth + 1, out)?;
+                }
+                out.push('}');
+            }
+            Node::Array(items) | Node::Map(items) => {
+                let map = matches!(self.nodes[node], Node::Map(_));
+                let items = *items;
+                out.push(if map { '{' } else { '[' });
+                let mut first = true;
+                self.blocks(r, |s, r| {
+                    if !first {
+                        out.push(',');
+                    }
+                    first = false;
+                    if map {
+                        let key = r.bytes()?;
+                        text(out, key);
+                        out.push(':');
+                    }
+                    s.render(r, items, depth + 1, out)
+                })?;
+                out.push(if map { '}' } else { ']' });
+            }
+            Node::Pending => return Err(ReadError::Bad("an unresolved named type")),
+        }
+        Ok(())
     }
 
     /// The length of the datum at the start of `data` (object container files hold datums
@@ -186,6 +287,14 @@ impl AvroSchema {
                 let s = r.take(*n)?;
                 out.set_raw(leaf, r.i - s.len(), s);
             }
+            Node::Decimal { scale, size } => {
+                let s = match size {
+                    Some(n) => r.take(*n)?,
+                    None => r.bytes()?,
+                };
+                let text = decimal_text(s, *scale)?;
+                out.set_scratch(leaf, Kind::Number, text.as_bytes(), *scale == 0);
+            }
             Node::Enum(symbols) => {
                 let i = varint::zigzag(r.b, &mut r.i)?;
                 let s = usize::try_from(i)
@@ -271,8 +380,11 @@ impl AvroSchema {
             Node::String | Node::Bytes => {
                 r.bytes()?;
             }
-            Node::Fixed(n) => {
+            Node::Fixed(n) | Node::Decimal { size: Some(n), .. } => {
                 r.take(*n)?;
+            }
+            Node::Decimal { size: None, .. } => {
+                r.bytes()?;
             }
             Node::Union(branches) => {
                 let b = r.branch(branches)?;
@@ -367,7 +479,13 @@ impl Builder {
             Schema::TimestampMicros | Schema::LocalTimestampMicros => Node::Timestamp(1_000),
             Schema::TimestampNanos | Schema::LocalTimestampNanos => Node::Timestamp(1_000_000),
             Schema::Duration => Node::Fixed(12),
-            Schema::Decimal(d) => return self.add(&d.inner, ns),
+            Schema::Decimal(d) => Node::Decimal {
+                scale: d.scale,
+                size: match &*d.inner {
+                    Schema::Fixed(f) => Some(f.size),
+                    _ => None,
+                },
+            },
             Schema::Array(a) => {
                 let items = self.add(&a.items, ns)?;
                 Node::Array(items)
@@ -456,4 +574,28 @@ impl<'a> Cursor<'a> {
         let n = usize::try_from(n).map_err(|_| ReadError::Bad("a negative length"))?;
         self.take(n)
     }
+}
+
+/// The decimal text of a big-endian two's-complement unscaled integer with `scale` digits after
+/// the point (`-1234`, scale 2: `-12.34`).
+pub(crate) fn decimal_text(b: &[u8], scale: usize) -> Result<String, ReadError> {
+    if b.len() > 16 {
+        return Err(ReadError::Bad("a decimal wider than 16 bytes"));
+    }
+    let mut v: i128 = if b.first().is_some_and(|&x| x & 0x80 != 0) {
+        -1
+    } else {
+        0
+    };
+    for &x in b {
+        v = (v << 8) | i128::from(x);
+    }
+    let digits = v.unsigned_abs().to_string();
+    let sign = if v < 0 { "-" } else { "" };
+    if scale == 0 {
+        return Ok(format!("{sign}{digits}"));
+    }
+    let padded = format!("{digits:0>width$}", width = scale + 1);
+    let (int, frac) = padded.split_at(padded.len() - scale);
+    Ok(format!("{sign}{int}.{frac}"))
 }

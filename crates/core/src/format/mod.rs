@@ -375,6 +375,8 @@ pub struct RecordDecoder {
     /// JSON Debezium events: finds the `payload` of a `{"schema": ..., "payload": ...}` message,
     /// whose fields the paths then name (see [`Envelope::Debezium`]).
     unwrap: Option<Decoder>,
+    /// A Debezium tombstone as the delete it stands for (see [`RecordDecoder::decode_message`]).
+    tombstone: Vec<u8>,
 }
 
 impl RecordDecoder {
@@ -387,6 +389,7 @@ impl RecordDecoder {
             binary,
             numbers_only: 0,
             unwrap: None,
+            tombstone: Vec::new(),
         }
     }
 
@@ -402,6 +405,43 @@ impl RecordDecoder {
     pub(crate) fn numbers_only(mut self, mask: u64) -> RecordDecoder {
         self.numbers_only = mask;
         self
+    }
+
+    /// Decodes one message with its Kafka key and timestamp. A Debezium topic's tombstone (an
+    /// empty value with a key, which the connector sends after a delete so that log compaction
+    /// can drop the key) reads as the delete of its key: `{"op": "d", "before": <the key's
+    /// fields>, "ts_ms": <the record's timestamp>}`.
+    #[inline]
+    pub fn decode_message<'a>(
+        &'a mut self,
+        raw: &'a [u8],
+        file_schema: Option<u32>,
+        key: Option<&'a [u8]>,
+        timestamp: Option<i64>,
+    ) -> Result<Fields<'a>, DecodeError> {
+        let tombstone_key = key.filter(|k| raw.is_empty() && !k.is_empty());
+        match (&mut self.unwrap, tombstone_key) {
+            (Some(outer), Some(k)) => {
+                let inner = if first_member_is(k, b"schema") {
+                    payload_of(outer, k)?
+                } else {
+                    None
+                };
+                let fields_of_key = inner.map_or(k, |r| &k[r]);
+                let doc = &mut self.tombstone;
+                doc.clear();
+                doc.extend_from_slice(br#"{"op":"d","before":"#);
+                doc.extend_from_slice(fields_of_key);
+                if let Some(ts) = timestamp {
+                    doc.extend_from_slice(
+                        format!(r#","ts_ms":{ts},"source":{{"ts_ms":{ts}}}"#).as_bytes(),
+                    );
+                }
+                doc.push(b'}');
+                self.fields.decode(&self.tombstone)
+            }
+            _ => self.decode(raw, file_schema),
+        }
     }
 
     /// Decodes one message (`file_schema`: a datum of that Avro file schema).

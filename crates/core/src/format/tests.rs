@@ -450,3 +450,46 @@ fn a_debezium_event_is_read_bare_or_as_the_payload_of_its_schema_wrapper() {
     let mut plain = RecordDecoder::new(p, &Format::Json, &Schemas::default());
     assert_eq!(read(&mut plain, wrapped, 1).unwrap()[0].0, Kind::Missing);
 }
+
+#[test]
+fn a_debezium_tombstone_reads_as_the_delete_of_its_key() {
+    let p = paths(&["op", "ts_ms", "before.id", "after.id"]);
+    let mut d = RecordDecoder::new(p.clone(), &Format::Json, &Schemas::default())
+        .envelope(Envelope::Debezium);
+    let got = |d: &mut RecordDecoder, key: &[u8], ts| {
+        let f = d.decode_message(b"", None, Some(key), ts).unwrap();
+        (0..4)
+            .map(|i| String::from_utf8_lossy(f.get(i).bytes).into_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(got(&mut d, br#"{"id":5}"#, Some(9)), ["d", "9", "5", ""]);
+    // The key in the JSON converter's wrapper.
+    let wrapped = br#"{"schema":{"type":"struct"},"payload":{"id":6}}"#;
+    assert_eq!(got(&mut d, wrapped, Some(9)), ["d", "9", "6", ""]);
+    // A key that is not JSON is an error; an empty value without a key is an empty message.
+    assert!(d.decode_message(b"", None, Some(b"k1"), Some(9)).is_err());
+    assert_eq!(
+        d.decode_message(b"", None, None, Some(9)).err(),
+        Some(DecodeError::Empty)
+    );
+    // Without the envelope, an empty value is an empty message whatever its key.
+    let mut plain = RecordDecoder::new(p, &Format::Json, &Schemas::default());
+    assert_eq!(
+        plain
+            .decode_message(b"", None, Some(br#"{"id":5}"#), Some(9))
+            .err(),
+        Some(DecodeError::Empty)
+    );
+}
+
+#[test]
+fn avro_decimals_read_as_the_numbers_they_are() {
+    let t = |b: &[u8], scale| avro::decimal_text(b, scale).unwrap();
+    assert_eq!(t(&[0x04, 0xD2], 2), "12.34");
+    assert_eq!(t(&[0xFB, 0x2E], 2), "-12.34");
+    assert_eq!(t(&[0x05], 3), "0.005");
+    assert_eq!(t(&[0xFF], 1), "-0.1");
+    assert_eq!(t(&[0x04, 0xD2], 0), "1234");
+    assert_eq!(t(&[], 2), "0.00");
+    assert!(avro::decimal_text(&[1; 17], 2).is_err());
+}
