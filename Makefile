@@ -256,7 +256,8 @@ soak: release tools configure
 	$(PY) scripts/soak.py --variant=files --variant=kafka --variant=fg-upsert
 	$(PY) scripts/soak.py --variant=files --prepared
 	$(LTS_PY) scripts/soak.py --variant=lake
-	$(PY) scripts/soak.py --variant=bg-append --variant=bg-upsert --variant=bg-upsert-close --variant=bg-sql --variant=bg-every
+	$(PY) scripts/soak.py --variant=bg-append --variant=bg-upsert --variant=bg-upsert-close --variant=bg-sql --variant=bg-every \
+	    --variant=bg-changelog
 	SOAK_MINUTES=30 $(PY) scripts/soak.py --variant=bg-memory
 	$(PY) scripts/soak.py --plot-only --write-docs
 

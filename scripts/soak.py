@@ -10,8 +10,9 @@ follow := true, write_mode := 'append')`, started on a new database by a plain s
 user types it; `--prepared`: `PREPARE` then `EXECUTE`). Other variants: `fg-upsert` (the same in
 `upsert` mode with `emit := 'update'` and `late_updates_ms`, prepared, in the foreground) and, in
 the background (`background := true`, run by scripts/serve.py, the service runner), `bg-append`,
-`bg-upsert` (as `fg-upsert`), `bg-sql` (a staged SQL job: a lookup join and `median`) and
-`bg-every` (bounded runs `every := INTERVAL '30 seconds'`). Faults: the job is killed with SIGKILL and
+`bg-upsert` (as `fg-upsert`), `bg-sql` (a staged SQL job: a lookup join and `median`),
+`bg-every` (bounded runs `every := INTERVAL '30 seconds'`) and `bg-changelog` (a table of 10,000
+keys kept from a Debezium changelog, `INSERT OR REPLACE`; checked equal to the upstream table). Faults: the job is killed with SIGKILL and
 started again every SOAK_KILL_EVERY seconds (default 180); halfway, the broker (`kafka`: its one
 broker goes down for 10 s) or the catalog (`lake`: PostgreSQL killed and started again) is
 restarted. The job's process samples every 10 s: its RSS, the database's WAL, DuckDB's temp files
@@ -199,9 +200,13 @@ def job_in_process_main(spec):
 class Producer:
     """Writes `rate` events/s over `keys` keys until stopped; counts what it sent."""
 
-    def __init__(self, rate, write, keys=KEYS):
+    def __init__(self, rate, write, keys=KEYS, changelog=False):
         self.rate, self.write, self.keys = rate, write, keys
         self.sent = 0
+        # `changelog`: Debezium change events of a table of `keys` rows (each key in partition
+        # key % PARTITIONS), and the table as it is after them.
+        self.changelog = changelog
+        self.table = {}
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
         self.thread.start()
@@ -214,7 +219,20 @@ class Producer:
         while not self.stopped.is_set():
             now_ms = int(time.time() * 1000)
             lines = [[] for _ in range(PARTITIONS)]
-            for _ in range(per_tick):
+            for _ in range(per_tick if self.changelog else 0):
+                k = rnd.randrange(self.keys)
+                before = self.table.get(k)
+                if before is not None and rnd.random() < 0.1:
+                    op, after = "d", None
+                    del self.table[k]
+                else:
+                    op = "u" if before is not None else "c"
+                    after = {"id": k, "name": f"n{k}-{self.sent}", "v": self.sent % 1000}
+                    self.table[k] = after
+                lines[k % PARTITIONS].append(json.dumps(
+                    {"before": before, "after": after, "op": op, "ts_ms": now_ms, "source": {"table": "customers"}}))
+                self.sent += 1
+            for _ in range(0 if self.changelog else per_tick):
                 i = self.sent
                 t = now_ms - rnd.randint(0, 150)
                 if rnd.random() < 0.02:
@@ -352,6 +370,15 @@ def final_run(spec):
         named = named.replace(bg, "")
     con.execute(f"SELECT * FROM {call_of(spec, named + ', flush := true')}").fetchall()
     w, late, dead = spec["tables"]
+    if spec.get("expected"):
+        # A kept table: every change sent counts once it equals the upstream table.
+        with open(spec["expected"]) as f:
+            want = json.load(f)
+        got = [list(r) for r in con.execute(f"SELECT id, name, v FROM {w} ORDER BY id").fetchall()]
+        dead_n = con.execute(f"SELECT count(*) FROM {dead}").fetchall()[0][0]
+        con.close()
+        return {"in_windows": want["sent"] - dead_n if got == want["rows"] else 0, "late": 0, "dead": dead_n,
+                "duplicate_windows": 0, "duplicate_late": 0, "open_after_kill_s": round(open_s, 2)}
     count = spec.get("count_column", "count")
     counted = con.execute(f"SELECT coalesce(sum({count}), 0) FROM {w}").fetchall()[0][0]
     # A late event that updated its window's row (`late_updates_ms`, applied) is counted there.
@@ -401,6 +428,9 @@ VARIANTS = {
     "bg-sql": ("files, SQL job: lookup join + median", ", follow := true, background := true, "
                "columns := {'key': 'VARCHAR', 'payload.value AS v': 'DOUBLE'}", True),
     "bg-every": ("files, append, every 30 s", ", write_mode := 'append', every := INTERVAL '30 seconds'", True),
+    "bg-changelog": ("files, a table kept from a Debezium changelog", ", follow := true, background := true, "
+                     "envelope := 'debezium', primary_key := ['id'], columns := {'id': 'BIGINT', 'name': 'VARCHAR', 'v': 'BIGINT'}",
+                     True),
     # Issue 65's job: one process for the whole run, which samples itself.
     "bg-memory": ("files, upsert + update + late updates, 200 keys, memory_limit 128MB, one process sampling itself",
                   UPSERT_UPDATE + ", background := true", True),
@@ -431,6 +461,10 @@ def soak(variant, minutes, rate, kill_every, prepared, label=None, in_process=Fa
     if variant == "bg-sql":
         spec.update(sql=SQL_JOB, setup=REGIONS, count_column="n", window_key="region, window_start",
                     tables=("by_region", "late_events", "dead_letters"))
+    if variant == "bg-changelog":
+        keys = int(os.environ.get("SOAK_KEYS", 10_000))
+        spec.update(sql="INSERT OR REPLACE INTO customers SELECT id, name, v FROM stream",
+                    tables=("customers", "late_events", "dead_letters"))
     if variant.startswith("bg-"):
         label = label or f"background: {what}"
     elif variant == "fg-upsert":
@@ -455,7 +489,7 @@ def soak(variant, minutes, rate, kill_every, prepared, label=None, in_process=Fa
         spec["named"] += ", windows_table := 'lake.windows'"
         spec["tables"] = ("lake.windows", "lake.late_events", "lake.dead_letters")
     log = open(os.path.join(work, "job.log"), "w")
-    producer = Producer(rate, writer, keys)
+    producer = Producer(rate, writer, keys, changelog=variant == "bg-changelog")
     began = time.time()
     end = began + minutes * 60
     jobs = [Job(spec, log)]
@@ -495,6 +529,11 @@ def soak(variant, minutes, rate, kill_every, prepared, label=None, in_process=Fa
     # harder case; the last run settles what it left).
     time.sleep(5)
     jobs[-1].kill()
+    if variant == "bg-changelog":
+        # The last run's check: the kept table against the upstream one the producer kept.
+        spec["expected"] = os.path.join(work, "expected.json")
+        with open(spec["expected"], "w") as f:
+            json.dump({"sent": producer.sent, "rows": sorted([r["id"], r["name"], r["v"]] for r in producer.table.values())}, f)
     acct = final_in_child(spec)
     sent = producer.sent
     accounted = acct["in_windows"] + acct["late"] + acct["dead"]

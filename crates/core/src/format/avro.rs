@@ -128,21 +128,8 @@ impl AvroSchema {
             }
             Node::String | Node::Bytes => text(out, r.bytes()?),
             Node::Fixed(n) => text(out, r.take(*n)?),
-            Node::Decimal { scale, size } => {
-                let s = match size {
-                    Some(n) => r.take(*n)?,
-                    None => r.bytes()?,
-                };
-                out.push_str(&decimal_text(s, *scale)?);
-            }
-            Node::Enum(symbols) => {
-                let i = varint::zigzag(r.b, &mut r.i)?;
-                let s = usize::try_from(i)
-                    .ok()
-                    .and_then(|i| symbols.get(i))
-                    .ok_or(ReadError::Bad("an enum index outside its symbols"))?;
-                text(out, s.as_bytes());
-            }
+            Node::Decimal { scale, size } => out.push_str(&r.decimal(*scale, *size)?),
+            Node::Enum(symbols) => text(out, r.symbol(symbols)?.as_bytes()),
             Node::Union(branches) => {
                 let b = r.branch(branches)?;
                 self.render(r, b, depth, out)?;
@@ -288,20 +275,11 @@ impl AvroSchema {
                 out.set_raw(leaf, r.i - s.len(), s);
             }
             Node::Decimal { scale, size } => {
-                let s = match size {
-                    Some(n) => r.take(*n)?,
-                    None => r.bytes()?,
-                };
-                let text = decimal_text(s, *scale)?;
+                let text = r.decimal(*scale, *size)?;
                 out.set_scratch(leaf, Kind::Number, text.as_bytes(), *scale == 0);
             }
             Node::Enum(symbols) => {
-                let i = varint::zigzag(r.b, &mut r.i)?;
-                let s = usize::try_from(i)
-                    .ok()
-                    .and_then(|i| symbols.get(i))
-                    .ok_or(ReadError::Bad("an enum index outside its symbols"))?;
-                out.set_scratch(leaf, Kind::String, s.as_bytes(), false);
+                out.set_scratch(leaf, Kind::String, r.symbol(symbols)?.as_bytes(), false);
             }
             Node::Union(branches) => {
                 let b = r.branch(branches)?;
@@ -569,6 +547,25 @@ impl<'a> Cursor<'a> {
 
     /// A length-prefixed string or bytes.
     #[inline]
+    /// A `decimal` (bytes, or a fixed of `size` bytes) as its text.
+    fn decimal(&mut self, scale: usize, size: Option<usize>) -> Result<String, ReadError> {
+        let s = match size {
+            Some(n) => self.take(n)?,
+            None => self.bytes()?,
+        };
+        decimal_text(s, scale)
+    }
+
+    /// An enum's symbol.
+    fn symbol<'s>(&mut self, symbols: &'s [String]) -> Result<&'s str, ReadError> {
+        let i = varint::zigzag(self.b, &mut self.i)?;
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| symbols.get(i))
+            .map(String::as_str)
+            .ok_or(ReadError::Bad("an enum index outside its symbols"))
+    }
+
     fn bytes(&mut self) -> Result<&'a [u8], ReadError> {
         let n = varint::zigzag(self.b, &mut self.i)?;
         let n = usize::try_from(n).map_err(|_| ReadError::Bad("a negative length"))?;
