@@ -28,12 +28,13 @@ use streaming_etl_core::{ByTable, EtlError, OutputSchemas, Result, TableSchema};
 use streaming_etl_runtime::sink::{Output, OutputSink, Tables, Written};
 
 use super::catalog::OutputCatalog;
-use super::insert::{insert, insert_staged, insert_windows, Part, StagedPart, StagedWrite, Verb};
+use super::insert::{insert, insert_staged, insert_windows, StagedPart, StagedWrite};
 use super::lake::{compact, with_retry};
 use super::owners::{self, Claims, Owner};
 use super::sql_cycle::{add_output_column, Cycle, SqlOutput};
 use super::staged::{ensure_staged_table, Staging};
 use super::tables::{ensure_table, revision_columns, sink_error, with_job};
+use super::write::{Part, Verb};
 use crate::host::connections::SharedConn;
 use crate::params::{Compaction, TableName, WriteMode};
 
@@ -253,7 +254,7 @@ struct WritePlan<'a> {
     /// The job's claims on its tables, when this commit records them.
     claims: Option<(&'a Owner, &'a Claims)>,
     /// The tables are in DuckDB's own storage (a small batch of window rows is matched to a
-    /// keyed table's rows without a join: see `insert::write_windows`).
+    /// keyed table's rows without a join: see `write::write_window_rows`).
     native: bool,
 }
 

