@@ -196,7 +196,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         ParamId::TimeField,
         match envelope {
             Envelope::Debezium => "ts_ms",
-            Envelope::None => "event_time_ms",
+            Envelope::None | Envelope::Upsert => "event_time_ms",
         },
     )?;
     let value_field = given.field(ParamId::ValueField, "payload.value")?;
@@ -212,7 +212,12 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         Some(_) => (Vec::new(), false, AggSpec::defaults(&value_field)),
         None => parse_keys_and_aggregates(&given, &key_field, &value_field, &columns)?,
     };
-    let (time_format, time_zone, kafka_timestamp) = parse_time(&given)?;
+    let (time_format, time_zone, mut kafka_timestamp) = parse_time(&given)?;
+    // A keyed topic's row seldom carries its time, and a tombstone has none: its records'
+    // timestamps are the events' times unless `time_field` names a field.
+    if envelope == Envelope::Upsert && is_kafka && given.get(ParamId::TimeField).is_none() {
+        kafka_timestamp = true;
+    }
     let format = parse_format(&given, is_kafka)?;
     let (emit, late_updates_ms) = parse_emit(&given, window)?;
     let engine = EngineConfig {

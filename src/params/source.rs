@@ -135,9 +135,10 @@ pub(super) fn parse_envelope(given: &Given<'_>) -> Result<Envelope> {
         match given.text(ParamId::Envelope)?.as_deref() {
             None => Envelope::None,
             Some(e) if e.eq_ignore_ascii_case("debezium") => Envelope::Debezium,
+            Some(e) if e.eq_ignore_ascii_case("upsert") => Envelope::Upsert,
             Some(other) => return Err(EtlError::invalid(
                 given.name(ParamId::Envelope),
-                "must be 'debezium' (Debezium's change events: before, after, op, ts_ms, source)",
+                "must be 'debezium' (Debezium's change events: before, after, op, ts_ms, source) or 'upsert' (a keyed topic: the message is its key's row, a tombstone deletes it)",
                 format!("'{other}'"),
             )),
         };

@@ -193,7 +193,7 @@ pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::GroupBy, "group_by", ParamType::VarcharList, "`[key_field]`", "key columns: dotted paths, `path AS name` (string, number or boolean values); `[]`: one row per window"),
     param(ParamId::Aggregates, "aggregates", ParamType::VarcharList, "count, sum/min/max of `value_field`", "`count(*)`, `sum(x)`, `avg`, `min`, `max`, `approx_quantile(x, q)`, `arg_max(x, y)`, ..., `FILTER (WHERE ...)`, `AS name`; with `columns`, any DuckDB aggregate ([more](docs/semantics.md#aggregates))"),
     param(ParamId::Columns, "columns", ParamType::VarcharMap, "none", "typed fields, as `read_json`'s: `{'path [AS name]': 'DuckDB type', ...}` ([more](#typed-columns-aggregates-running-results))"),
-    param(ParamId::Envelope, "envelope", ParamType::Varchar, "none", "SQL: `debezium` reads Debezium change events ([changelogs](docs/sql.md#changelogs-into-tables))"),
+    param(ParamId::Envelope, "envelope", ParamType::Varchar, "none", "SQL: `debezium` or `upsert` ([changelogs](docs/sql.md#changelogs-into-tables))"),
     param(ParamId::PrimaryKey, "primary_key", ParamType::VarcharList, "the table's", "SQL: the key of an `INSERT OR REPLACE` target the job creates"),
     param(ParamId::Emit, "emit", ParamType::Varchar, "`close`", "`close` (a window's row when it closes) or `update` (also each cycle's running values) ([more](#typed-columns-aggregates-running-results))"),
     param(ParamId::LateUpdatesMs, "late_updates_ms", ParamType::BigInt, "none", "a late event this close to its window's end corrects the row"),

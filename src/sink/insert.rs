@@ -12,7 +12,7 @@ use streaming_etl_core::{Cell, ColumnType, EtlError, Result, Rows, TableSchema};
 use super::staged::Staging;
 use super::tables::{revision_columns, sink_error};
 use super::write::{
-    batch_ref, key_positions, lend, write_rows, write_window_rows, Facts, Part, Verb,
+    batch_ref, key_positions, lend, write_rows, write_window_rows, Facts, Part, Start, Verb,
 };
 use crate::functions::batch::Lent;
 
@@ -239,10 +239,13 @@ fn latest_revisions(
         ..Facts::default()
     };
     let mut retracted = Vec::with_capacity(rows.len());
+    let mut starts = Vec::with_capacity(rows.len());
     let mut i = 0;
     rows.each(|cells| {
+        let mut row_start = None;
         if let Some(s) = start {
             if let Cell::I64(ms) = cells[s] {
+                row_start = Some(ms);
                 facts.start_ms = Some(
                     facts
                         .start_ms
@@ -250,6 +253,7 @@ fn latest_revisions(
                 );
             }
         }
+        starts.push(row_start);
         let gone = revisions.is_some_and(|(_, _, t)| cells[t] == Cell::Bool(true));
         retracted.push(gone);
         if let Some((_, r, _)) = dedup {
@@ -279,12 +283,19 @@ fn latest_revisions(
         }
         keep
     });
-    for (j, gone) in retracted.iter().enumerate() {
+    for (j, (gone, row_start)) in retracted.iter().zip(&starts).enumerate() {
         if keep.as_ref().is_none_or(|k| k[j]) {
             if *gone {
                 facts.retracted += 1;
             } else {
                 facts.live += 1;
+            }
+            if let Some(ms) = *row_start {
+                facts.count_start(Start {
+                    ms,
+                    live: usize::from(!gone),
+                    retracted: usize::from(*gone),
+                });
             }
         }
     }

@@ -11,7 +11,7 @@ use streaming_etl_core::Result;
 
 use super::tables::sink_error;
 use crate::params::quote_ident;
-use crate::sql::Keyed;
+use crate::sql::{Keyed, MESSAGE_KEY_COLUMN};
 
 /// Writes a cycle's changes (`__se_events` holds its events) into `target`, whose columns the
 /// statement's are (`columns`, quoted).
@@ -55,25 +55,38 @@ pub fn write(conn: &Connection, target: &str, keyed: &Keyed) -> Result<()> {
     let null_key: Vec<String> = key.iter().map(|k| format!("{k} IS NULL")).collect();
     let found = conn.query_row(
         &format!(
-            "SELECT __se_p, __se_o FROM __se_changes WHERE {} ORDER BY __se_p, __se_o LIMIT 1",
+            "SELECT __se_p, __se_o, __se_d FROM __se_changes WHERE {} ORDER BY __se_p, __se_o LIMIT 1",
             null_key.join(" OR ")
         ),
         [],
-        |r| Ok((r.get::<_, i32>(0)?, r.get::<_, i64>(1)?)),
+        |r| Ok((r.get::<_, i32>(0)?, r.get::<_, i64>(1)?, r.get::<_, bool>(2)?)),
     );
     match found {
-        Ok((p, o)) => {
+        Ok((p, o, delete)) => {
+            let hint = if delete {
+                format!(
+                    "; it is a delete, whose row may have its key's fields only (a Debezium delete's before image, an upsert tombstone's message key): key the table by those, or read the key from the message key (such as CAST(key AS BIGINT) AS {})",
+                    keyed.key.first().map_or("id", String::as_str)
+                )
+            } else {
+                format!(
+                    " (drop such rows with WHERE {} IS NOT NULL)",
+                    keyed.key.join(" IS NOT NULL AND ")
+                )
+            };
             return Err(sink_error(
                 target,
                 format!(
-                    "the row of the event at partition {p}, offset {o} has a NULL key ({}); its key names no row (drop such rows with WHERE {} IS NOT NULL)",
+                    "the row of the event at partition {p}, offset {o} has a NULL key ({}); its key names no row{hint}",
                     keyed.key.join(", "),
-                    keyed.key.join(" IS NOT NULL AND ")
                 ),
-            ))
+            ));
         }
         Err(duckdb::Error::QueryReturnedNoRows) => {}
         Err(e) => return Err(fail("the statement over the cycle's events", e)),
+    }
+    if keyed.message_keyed {
+        check_message_keys(conn, target, keyed, &key)?;
     }
     // The last change of each key: the latest offset of its partition (a key lives in one
     // partition of a keyed topic), then, for a key seen in several, the latest event time.
@@ -95,4 +108,58 @@ pub fn write(conn: &Connection, target: &str, keyed: &Keyed) -> Result<()> {
     ))
     .map_err(|e| fail("replacing the rows of the changed keys", e))?;
     Ok(())
+}
+
+/// A `subscribe` member's rows: each row's key must be its message's key (its values, whatever
+/// their names: a JSON object's members, bare or in the JSON converter's wrapper, an Avro or
+/// Protobuf key's as JSON, or the key itself), so that a key lives in one partition and one
+/// member writes its row. A change keyed otherwise fails the cycle, naming it.
+fn check_message_keys(
+    conn: &Connection,
+    target: &str,
+    keyed: &Keyed,
+    key: &[String],
+) -> Result<()> {
+    let k = MESSAGE_KEY_COLUMN;
+    let row: Vec<String> = key
+        .iter()
+        .map(|c| format!("CAST({c} AS VARCHAR)"))
+        .collect();
+    let row = format!("list_value({})", row.join(", "));
+    let object = format!(
+        "CASE WHEN json_type({k}, '$.schema') IS NOT NULL AND json_type({k}, '$.payload') = 'OBJECT' \
+         THEN json_extract({k}, '$.payload') ELSE {k}::JSON END"
+    );
+    let message = format!(
+        "CASE WHEN NOT coalesce(json_valid({k}), false) THEN list_value({k}) \
+         WHEN json_type({k}) = 'OBJECT' THEN json_extract_string({object}, '$.*') \
+         ELSE list_value(json_extract_string({k}, '$')) END"
+    );
+    let found = conn.query_row(
+        &format!(
+            "SELECT __se_p, __se_o, CAST({row} AS VARCHAR), {k} FROM __se_changes \
+             WHERE NOT coalesce(list_sort({row}) = list_sort({message}), false) ORDER BY __se_p, __se_o LIMIT 1"
+        ),
+        [],
+        |r| {
+            Ok((
+                r.get::<_, i32>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Option<String>>(3)?,
+            ))
+        },
+    );
+    match found {
+        Ok((p, o, row_key, message_key)) => Err(sink_error(
+            target,
+            format!(
+                "with subscribe := true, each row's key ({}) must be its message's key, so that a key lives in one partition and one member writes its row; the event at partition {p}, offset {o} has the key {row_key} and the message key {}",
+                keyed.key.join(", "),
+                message_key.map_or("NULL".to_string(), |m| format!("'{m}'"))
+            ),
+        )),
+        Err(duckdb::Error::QueryReturnedNoRows) => Ok(()),
+        Err(e) => Err(sink_error(target, format!("checking the rows' message keys: {e}"))),
+    }
 }

@@ -63,11 +63,14 @@ pub(super) fn lend(parts: &[&Part<'_>]) -> (Vec<Lent>, String) {
 
 /// What a keyed write of window rows knows before DuckDB reads them: how many are live and
 /// retracted, and the range of their window starts (`window_start_ms`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Facts {
     pub live: usize,
     pub retracted: usize,
     pub start_ms: Option<(i64, i64)>,
+    /// The rows of each window start, ascending by start (all rows have one when their counts
+    /// add up to `live + retracted`).
+    pub starts: Vec<Start>,
     /// The rows written are these, one each (a SQL statement's GROUP BY may make more or fewer
     /// rows of a window of the stream).
     pub one_each: bool,
@@ -102,7 +105,65 @@ impl Facts {
             (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
             (x, None) | (None, x) => x,
         };
+        for s in other.starts {
+            self.count_start(s);
+        }
     }
+
+    /// Counts `s`'s rows under its window start.
+    pub(super) fn count_start(&mut self, s: Start) {
+        match self.starts.binary_search_by_key(&s.ms, |x| x.ms) {
+            Ok(i) => {
+                self.starts[i].live += s.live;
+                self.starts[i].retracted += s.retracted;
+            }
+            Err(i) => self.starts.insert(i, s),
+        }
+    }
+
+    /// Consecutive window starts grouped into bands of at most `max` rows (a start with more
+    /// rows is a band of its own); None when some row has no window start.
+    fn bands(&self, max: usize) -> Option<Vec<Facts>> {
+        let counted: usize = self.starts.iter().map(|s| s.live + s.retracted).sum();
+        if counted != self.live + self.retracted {
+            return None;
+        }
+        let mut bands: Vec<Facts> = Vec::new();
+        for s in &self.starts {
+            let rows = s.live + s.retracted;
+            match bands.last_mut() {
+                Some(b) if b.live + b.retracted + rows <= max => {
+                    b.live += s.live;
+                    b.retracted += s.retracted;
+                    b.start_ms = b.start_ms.map(|(lo, _)| (lo, s.ms));
+                }
+                _ => bands.push(Facts {
+                    live: s.live,
+                    retracted: s.retracted,
+                    start_ms: Some((s.ms, s.ms)),
+                    starts: Vec::new(),
+                    ..self.clone_flags()
+                }),
+            }
+        }
+        Some(bands)
+    }
+
+    fn clone_flags(&self) -> Facts {
+        Facts {
+            one_each: self.one_each,
+            computed: self.computed,
+            ..Facts::default()
+        }
+    }
+}
+
+/// The rows of one window start among a keyed write's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Start {
+    pub ms: i64,
+    pub live: usize,
+    pub retracted: usize,
 }
 
 /// `query` (columns `c0, ...` of the rows) with the schema's given columns after them (the
@@ -160,12 +221,14 @@ fn select_list(schema: &TableSchema) -> String {
 const LIST_MATCH_MAX: usize = 2048;
 
 /// Writes window rows that are the latest revision of each key (see [`lend_windows`]) into a
-/// keyed `table`; `facts` (DuckDB's own storage) lets a small batch be matched without a join:
+/// keyed `table`; `facts` (DuckDB's own storage) lets a batch be matched without a join:
 /// - the retracted rows' keys are deleted, the live rows update the rows of their key, and the
 ///   live rows whose key is not in the table are inserted; each statement reads the table's
 ///   rows in the batch's window range only, and matches them against one list of the batch's
 ///   keys, so no hash table is built (and left behind in DuckDB's eviction queues) per cycle;
-/// - a larger batch, or one without facts, is written as [`write_rows`] writes it.
+/// - a batch of more rows is written in bands of consecutive window starts (many keys make
+///   many rows per window), each matched so; a window start with more rows than a lookup is
+///   for, or rows without facts, are written as [`write_rows`] writes them.
 ///
 /// Returns the rows written (live ones).
 pub(super) fn write_window_rows(
@@ -177,37 +240,76 @@ pub(super) fn write_window_rows(
     facts: Option<Facts>,
 ) -> Result<u64> {
     // (A plain insert appends: every revision, whatever the schema's key.)
-    let keyed = verb != Verb::Insert;
-    let range = facts.and_then(|f| start_range(schema, f));
-    match (facts, range) {
-        (Some(f), Some(range))
-            if keyed
-                && !schema.primary_key.is_empty()
-                && f.live + f.retracted <= LIST_MATCH_MAX =>
-        {
-            write_listed(conn, table, schema, query, f, &range)
-        }
-        // Rows unique per key: the join form needs no window sort.
-        (Some(f), _) => write_keyed(conn, table, schema, query, verb, Some(f)),
-        (None, _) => write_rows(conn, table, schema, query, verb),
+    let keyed = verb != Verb::Insert && !schema.primary_key.is_empty();
+    let Some(f) = facts else {
+        return write_rows(conn, table, schema, query, verb);
+    };
+    let Some(start) = start_column(schema).filter(|_| keyed && f.start_ms.is_some()) else {
+        return write_keyed(conn, table, schema, query, verb, Some(f));
+    };
+    if f.live + f.retracted <= LIST_MATCH_MAX {
+        let range = band_range(schema, start, &f, "t.");
+        return write_listed(conn, table, schema, query, &f, &range);
     }
+    let Some(bands) = f.bands(LIST_MATCH_MAX) else {
+        return write_keyed(conn, table, schema, query, verb, Some(f));
+    };
+    // (Each band reads the rows: computed ones are computed once.)
+    let rows = if f.computed {
+        conn.execute_batch(&format!(
+            "CREATE OR REPLACE TEMP TABLE __se_banded AS {query}"
+        ))
+        .map_err(|e| sink_error(table, e))?;
+        "SELECT * FROM __se_banded".to_string()
+    } else {
+        query.to_string()
+    };
+    let mut written = 0;
+    for band in bands {
+        let in_band = format!(
+            "SELECT * FROM ({rows}) WHERE {}",
+            band_range(schema, start, &band, "c")
+        );
+        let band = Facts {
+            computed: false,
+            ..band
+        };
+        written += if band.live + band.retracted <= LIST_MATCH_MAX {
+            let range = band_range(schema, start, &band, "t.");
+            write_listed(conn, table, schema, &in_band, &band, &range)?
+        } else {
+            write_keyed(conn, table, schema, &in_band, verb, Some(band))?
+        };
+    }
+    Ok(written)
 }
 
-/// The filter on the table's window start that covers the batch's (`t.` qualified), when its key
-/// has one: `window_start_ms` (BIGINT), or a SQL statement's `window_start` (TIMESTAMPTZ).
-fn start_range(schema: &TableSchema, f: Facts) -> Option<String> {
-    let (lo, hi) = f.start_ms?;
-    let col = schema.columns.iter().find(|c| {
+/// The key column holding the window start: `window_start_ms` (BIGINT), or a SQL statement's
+/// `window_start` (TIMESTAMPTZ).
+fn start_column(schema: &TableSchema) -> Option<usize> {
+    schema.columns.iter().position(|c| {
         schema.primary_key.contains(&c.name)
             && (c.name == "window_start_ms" || c.name == "window_start")
-    })?;
-    let name = quote_ident(&col.name);
-    Some(match col.name.as_str() {
-        "window_start_ms" => format!("t.{name} BETWEEN {lo} AND {hi}"),
-        _ => format!(
-            "t.{name} BETWEEN to_timestamp({lo}::DOUBLE / 1000) AND to_timestamp({hi}::DOUBLE / 1000)"
-        ),
     })
+}
+
+/// The filter on the window start column (`start`) that covers the rows of `f`: on the table's
+/// column (`side` = `"t."`) or on the batch's (`"c"`: its `c<i>`).
+fn band_range(schema: &TableSchema, start: usize, f: &Facts, side: &str) -> String {
+    let Some((lo, hi)) = f.start_ms else {
+        return "true".into();
+    };
+    let col = &schema.columns[start].name;
+    let name = match side {
+        "c" => format!("c{start}"),
+        _ => format!("{side}{}", quote_ident(col)),
+    };
+    match col.as_str() {
+        "window_start_ms" => format!("{name} BETWEEN {lo} AND {hi}"),
+        _ => format!(
+            "{name} BETWEEN to_timestamp({lo}::DOUBLE / 1000) AND to_timestamp({hi}::DOUBLE / 1000)"
+        ),
+    }
 }
 
 /// The list-lookup form of [`write_window_rows`].
@@ -216,7 +318,7 @@ fn write_listed(
     table: &str,
     schema: &TableSchema,
     query: &str,
-    f: Facts,
+    f: &Facts,
     range: &str,
 ) -> Result<u64> {
     let mut query = cast_columns(schema, &with_given(schema, query));
@@ -340,7 +442,7 @@ fn write_keyed(
         // Windows with revisions into a keyed table: the latest row per key wins, and a
         // retracted one deletes the key's row.
         Some((revision, retracted)) => {
-            let latest = match known {
+            let latest = match &known {
                 Some(_) => query.clone(),
                 None => {
                     let key: Vec<String> = key_positions(schema)
@@ -354,7 +456,7 @@ fn write_keyed(
                 }
             };
             // (DuckLake's MERGE takes one UPDATE or DELETE action: the deletes go first, apart.)
-            if known.is_none_or(|f| f.retracted > 0) {
+            if known.as_ref().is_none_or(|f| f.retracted > 0) {
                 run(&format!(
                     "DELETE FROM {table} AS t USING ({latest}) AS s WHERE {} AND s.c{retracted}",
                     key_match(schema)
@@ -455,5 +557,54 @@ mod tests {
             merge_sql("\"lake\".\"w\"", &schema, "SELECT * FROM b(1)"),
             "MERGE INTO \"lake\".\"w\" AS t USING (SELECT * FROM b(1)) AS s ON (t.\"window_start_ms\" IS NOT DISTINCT FROM s.c0 AND t.\"key\" IS NOT DISTINCT FROM s.c1) WHEN MATCHED THEN UPDATE SET \"count\" = s.c2 WHEN NOT MATCHED THEN INSERT (\"window_start_ms\", \"key\", \"count\") VALUES (s.c0, s.c1, s.c2)"
         );
+    }
+
+    fn rows_at(ms: i64, live: usize, retracted: usize) -> Facts {
+        let mut f = Facts {
+            live,
+            retracted,
+            start_ms: Some((ms, ms)),
+            one_each: true,
+            ..Facts::default()
+        };
+        f.count_start(Start {
+            ms,
+            live,
+            retracted,
+        });
+        f
+    }
+
+    #[test]
+    fn many_rows_are_banded_by_consecutive_window_starts() {
+        let mut f = rows_at(3000, 1500, 0);
+        f.add(rows_at(1000, 900, 100));
+        f.add(rows_at(2000, 500, 0));
+        f.add(rows_at(1000, 10, 0));
+        f.add(rows_at(4000, 5000, 0));
+        f.add(rows_at(5000, 1, 1));
+        assert_eq!(f.live + f.retracted, 8012);
+        let bands = f.bands(2048).unwrap();
+        let shown: Vec<_> = bands
+            .iter()
+            .map(|b| (b.start_ms, b.live, b.retracted, b.one_each))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                (Some((1000, 2000)), 1410, 100, true),
+                (Some((3000, 3000)), 1500, 0, true),
+                // (More rows than a lookup is for: this start is a band of its own.)
+                (Some((4000, 4000)), 5000, 0, true),
+                (Some((5000, 5000)), 1, 1, true),
+            ]
+        );
+    }
+
+    #[test]
+    fn rows_without_a_window_start_are_not_banded() {
+        let mut f = rows_at(1000, 10, 0);
+        f.live += 1;
+        assert_eq!(f.bands(2048), None);
     }
 }

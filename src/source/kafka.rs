@@ -62,8 +62,8 @@ struct OpenConsumer {
     /// them is read again.
     serves_callbacks: bool,
     registry: Option<Arc<Registry>>,
-    /// The schema id the last record named (known to the cache).
-    last_schema: Option<u32>,
+    /// The schema ids the last record's value and key named (known to the cache).
+    last_schema: [Option<u32>; 2],
     /// A continuous run: since when, and why, the brokers have not answered a metadata request.
     unreachable: Option<(Instant, String)>,
 }
@@ -140,7 +140,7 @@ impl KafkaSource {
             only: only.map(<[i32]>::to_vec),
             serves_callbacks: true,
             registry: opts.registry.clone(),
-            last_schema: None,
+            last_schema: [None; 2],
             unreachable: None,
         };
         let mut gaps = Vec::new();
@@ -212,7 +212,7 @@ impl KafkaSource {
             only: Some(vec![partition]),
             serves_callbacks: false,
             registry,
-            last_schema: None,
+            last_schema: [None; 2],
             unreachable: None,
         };
         KafkaSource {
@@ -346,11 +346,17 @@ impl OpenConsumer {
                 // A record's schema is known before the record goes on (decoding never waits
                 // on the network); a registry out of reach fails the run here, before this
                 // offset is consumed, so the next run reads it again.
-                let id = match m.payload.get(..5) {
+                // (A key in the registry's wire format is read with its own schema: a
+                // tombstone's delete, the stream's `key`.)
+                let wire_id = |b: &[u8]| match b.get(..5) {
                     Some([0, a, b, c, d]) => Some(u32::from_be_bytes([*a, *b, *c, *d])),
                     _ => None,
                 };
-                if let Some(id) = id.filter(|&id| self.last_schema != Some(id)) {
+                let ids = [wire_id(m.payload), m.key.and_then(wire_id)];
+                for (id, last) in ids.into_iter().zip([0, 1]) {
+                    let Some(id) = id.filter(|&id| self.last_schema[last] != Some(id)) else {
+                        continue;
+                    };
                     reg.resolve(id).map_err(|e| {
                         EtlError::source(
                             &self.source_name,
@@ -360,7 +366,7 @@ impl OpenConsumer {
                             ),
                         )
                     })?;
-                    self.last_schema = Some(id);
+                    self.last_schema[last] = Some(id);
                 }
             }
             let timestamp = m.timestamp;

@@ -1,13 +1,13 @@
 //! `INSERT OR REPLACE INTO t SELECT ... FROM stream`: a table kept by key from a changelog.
-//! Each event's row replaces the row of its key, and a delete (a Debezium `op = 'd'`) removes
-//! it. Planned here at bind time: the target's key (its PRIMARY KEY, or `primary_key` for a
+//! Each event's row replaces the row of its key, and a delete (a Debezium `op = 'd'`, or a
+//! tombstone of a keyed topic read with `envelope := 'upsert'`) removes it. Planned here at bind time: the target's key (its PRIMARY KEY, or `primary_key` for a
 //! table the job creates), and the statement's SQL over the cycle's events with what the sink
 //! needs to keep the last change of each key (`sink::keyed`).
 #![forbid(unsafe_code)]
 
 use duckdb::Connection;
 use serde_json::Value;
-use streaming_etl_core::{Envelope, EtlError, Result};
+use streaming_etl_core::{Envelope, EtlError, Result, TOMBSTONE_FIELD};
 
 use super::debezium::DELETE_COLUMN;
 use super::duck;
@@ -29,7 +29,13 @@ pub struct Keyed {
     pub columns: Vec<(String, String)>,
     /// Debezium's truncates (`op = 't'`) empty the table (`__se_events` has `op`).
     pub truncates: bool,
+    /// Each row's key must be its message's key (a `subscribe` member's; the changes have it
+    /// as [`MESSAGE_KEY_COLUMN`]).
+    pub message_keyed: bool,
 }
+
+/// The message key of a change, beside [`CHANGE_COLUMNS`] when the key is checked.
+pub const MESSAGE_KEY_COLUMN: &str = "__se_k";
 
 /// What planning a keyed statement needs.
 pub struct Statement<'a> {
@@ -46,6 +52,8 @@ pub struct Statement<'a> {
     pub primary_key: Option<&'a [String]>,
     pub subscribe: bool,
     pub envelope: Envelope,
+    /// The stream's column of the message key (`key`, unless a declared column has the name).
+    pub message_key: Option<&'a str>,
 }
 
 fn refuse(s: &Statement<'_>, message: String) -> EtlError {
@@ -59,10 +67,17 @@ fn refuse(s: &Statement<'_>, message: String) -> EtlError {
 /// of its changes.
 pub fn plan(conn: &Connection, s: &Statement<'_>) -> Result<Keyed> {
     let t = s.target_shown;
-    if s.subscribe {
+    if s.subscribe && s.envelope == Envelope::None {
+        // (Members would write a key's row from two partitions in no order.)
         return Err(refuse(
             s,
-            format!("INSERT OR REPLACE INTO {t} is not yet run by a consumer group (subscribe := true): run the job in one process"),
+            format!("with subscribe := true, INSERT OR REPLACE INTO {t} reads a changelog keyed by its rows' key (envelope := 'debezium' or 'upsert'): a key then lives in one partition, and one member writes its row"),
+        ));
+    }
+    if s.subscribe && s.message_key.is_none() {
+        return Err(refuse(
+            s,
+            format!("with subscribe := true, INSERT OR REPLACE INTO {t} checks each row's key against its message key, which the stream has as key: a declared column named key hides it (give it another name with AS)"),
         ));
     }
     let key = match (existing_key(conn, s.target), s.primary_key) {
@@ -117,10 +132,19 @@ pub fn plan(conn: &Connection, s: &Statement<'_>) -> Result<Keyed> {
             format!("{stream}.{DELETE_COLUMN}"),
             format!("coalesce({stream}.op IN ('c', 'r', 'u', 'd'), false)"),
         ),
+        Envelope::Upsert => (
+            format!("coalesce({stream}.{TOMBSTONE_FIELD}, false)"),
+            "true".to_string(),
+        ),
         Envelope::None => ("false".to_string(), "true".to_string()),
     };
+    // With subscribe, each row's key is checked against its message key (`__se_k`).
+    let message_key = match s.message_key.filter(|_| s.subscribe) {
+        Some(k) => format!(", {stream}.{} AS {MESSAGE_KEY_COLUMN}", quote_ident(k)),
+        None => String::new(),
+    };
     let extra = format!(
-        "SELECT {stream}.\"partition\" AS __se_p, {stream}.\"offset\" AS __se_o, {stream}.event_time_ms AS __se_t, {deletes} AS __se_d, {changes} AS __se_c FROM __se_events AS {stream}"
+        "SELECT {stream}.\"partition\" AS __se_p, {stream}.\"offset\" AS __se_o, {stream}.event_time_ms AS __se_t, {deletes} AS __se_d, {changes} AS __se_c{message_key} FROM __se_events AS {stream}"
     );
     let (_, template) = duck::parse(conn, &extra).map_err(EtlError::Duck)?;
     let mut node = s.node.clone();
@@ -130,7 +154,7 @@ pub fn plan(conn: &Connection, s: &Statement<'_>) -> Result<Keyed> {
         .cloned()
         .unwrap_or_default();
     match node.get_mut("select_list").and_then(Value::as_array_mut) {
-        Some(list) if items.len() == CHANGE_COLUMNS.len() => list.extend(items),
+        Some(list) if items.len() >= CHANGE_COLUMNS.len() => list.extend(items),
         _ => {
             return Err(refuse(
                 s,
@@ -151,6 +175,7 @@ pub fn plan(conn: &Connection, s: &Statement<'_>) -> Result<Keyed> {
         key: named,
         columns,
         truncates: s.envelope == Envelope::Debezium,
+        message_keyed: s.subscribe,
     })
 }
 

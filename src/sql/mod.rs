@@ -20,7 +20,7 @@ mod shape;
 mod targets;
 mod text;
 
-pub use keyed::Keyed;
+pub use keyed::{Keyed, MESSAGE_KEY_COLUMN};
 pub use on_duckdb::events_columns;
 pub use plan::{plan, Body, Given, SqlJob, SqlStatement};
 pub use targets::check_targets;

@@ -22,7 +22,8 @@ use std::collections::HashSet;
 use duckdb::Connection;
 use serde_json::Value;
 use streaming_etl_core::{
-    EngineConfig, Envelope, EtlError, KeyColumn, Result, TypedColumn, WindowKind, MAX_AGGREGATES,
+    EngineConfig, Envelope, EtlError, FieldPath, KeyColumn, Result, TypedColumn, WindowKind,
+    MAX_AGGREGATES, TOMBSTONE_FIELD,
 };
 
 use super::ast;
@@ -120,9 +121,11 @@ fn stmt_err(target: &str, message: impl Into<String>) -> EtlError {
 fn stream_columns(cfg: &EngineConfig) -> Vec<(String, String)> {
     let mut cols: Vec<(String, String)> = match cfg.envelope {
         Envelope::Debezium => super::debezium::visible_columns(cfg),
-        Envelope::None => cfg
+        // (An upsert topic's tombstone flag is the keyed statement's, unseen.)
+        Envelope::None | Envelope::Upsert => cfg
             .columns
             .iter()
+            .filter(|c| c.name != TOMBSTONE_FIELD)
             .map(|c| (c.name.clone(), c.sql_type.clone()))
             .collect(),
     };
@@ -167,6 +170,12 @@ pub fn plan(conn: &Connection, given: &Given<'_>, cfg: &mut EngineConfig) -> Res
         }
     }
     super::debezium::expand(cfg)?;
+    if cfg.envelope == Envelope::Upsert {
+        if let Some(p) = FieldPath::parse(TOMBSTONE_FIELD) {
+            cfg.columns
+                .push(TypedColumn::new(p, TOMBSTONE_FIELD, "BOOLEAN"));
+        }
+    }
     // Parsed first: which of the functions they call are aggregates is asked once for all.
     let parsed: Vec<std::result::Result<(String, Value), String>> =
         texts.iter().map(|t| duck::parse(conn, &t.query)).collect();
@@ -348,9 +357,27 @@ fn plan_statement(
         ));
     }
     let Some((wf, intervals)) = &sh.window else {
-        if cfg.envelope != Envelope::Debezium {
+        match cfg.envelope {
             // (A Debezium row's columns are read from after or before as op says: all kept.)
-            cfg.columns = used;
+            Envelope::Debezium => {}
+            // (A keyed statement deletes the key of a tombstone.)
+            Envelope::Upsert if t.replace => {
+                // (A member checks each row's key against its message key.)
+                let message_key = cfg
+                    .columns
+                    .iter()
+                    .filter(|c| given.subscribe && c.message_key)
+                    .filter(|c| !used.iter().any(|u| u.name == c.name))
+                    .cloned()
+                    .collect::<Vec<_>>();
+                cfg.columns = used;
+                cfg.columns.extend(message_key);
+                if let Some(p) = FieldPath::parse(TOMBSTONE_FIELD) {
+                    cfg.columns
+                        .push(TypedColumn::new(p, TOMBSTONE_FIELD, "BOOLEAN"));
+                }
+            }
+            _ => cfg.columns = used,
         }
         cfg.window = WindowKind::Tumbling;
         cfg.time.window_ms = TRANSFORM_WINDOW_MS;
@@ -371,6 +398,11 @@ fn plan_statement(
                     primary_key: given.primary_key,
                     subscribe: given.subscribe,
                     envelope: cfg.envelope,
+                    message_key: cfg
+                        .columns
+                        .iter()
+                        .find(|c| c.message_key)
+                        .map(|c| c.name.as_str()),
                 },
             )?;
             return Ok(SqlStatement {

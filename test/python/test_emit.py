@@ -182,11 +182,14 @@ def test_filters_and_arg_max_equal_duckdbs_own_aggregates(tmp_path):
             assert (a is None and b is None) or math.isclose(a, b, rel_tol=1e-9), (g, w)
 
 
-@pytest.mark.parametrize("keys", [50, 3000])
+@pytest.mark.parametrize("keys", [50, 1500, 3000])
 def test_running_rows_of_few_and_many_keys_end_as_the_close_run(tmp_path, keys):
     """Each cycle's revisions go into the keyed table matched by a list lookup (a few windows a
-    cycle) or by a join (more than 2,048): either way the table ends with the rows `emit :=
-    'close'` writes, every window once, and running rows of open windows in between."""
+    cycle), by list lookups in bands of window starts (1,500 keys: more than 2,048 rows a cycle,
+    fewer a window) or by a join (a window of more than 2,048 rows): either way the table ends
+    with the rows `emit := 'close'` writes, every window once, and running rows of open windows
+    in between. Only the join leaves partitioned hash tables' blocks in DuckDB's eviction queues
+    (queues 2-6 of `duckdb_eviction_queues()`, where the host has it)."""
     d = tmp_path / "data"
     d.mkdir()
     rng = random.Random(keys)
@@ -210,6 +213,10 @@ def test_running_rows_of_few_and_many_keys_end_as_the_close_run(tmp_path, keys):
                 "flush := true)").fetchall()
     got = sorted(con.execute("SELECT window_start_ms, key, count, sum_value FROM windows").fetchall())
     assert con.execute("SELECT count(*) FROM windows WHERE NOT final").fetchall() == [(0,)]
+    if con.execute("SELECT count(*) FROM duckdb_functions() WHERE function_name = 'duckdb_eviction_queues'").fetchall()[0][0]:
+        partitioned = con.execute("SELECT sum(approximate_size) FROM duckdb_eviction_queues() "
+                                  "WHERE queue_index BETWEEN 2 AND 6").fetchall()[0][0]
+        assert (partitioned == 0) == (keys < 2048), partitioned
     # emit := 'close' with the late events applied: DuckDB's own count per window over every event
     # but those later than late_updates_ms allows (the close run's late events).
     ref = connect(tmp_path / "c.duckdb")

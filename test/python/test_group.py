@@ -417,3 +417,58 @@ def test_a_background_member_stops_at_a_cycle_boundary_and_shows_retrying_throug
         assert committed == (6000,)
     finally:
         mock.stop()
+
+
+def test_a_changelog_kept_by_a_group_equals_the_upstream_table(tmp_path, postgres, mock):
+    """`INSERT OR REPLACE` with `subscribe`: a Debezium topic keyed by the row's id (each key in one
+    partition, so one member writes its row), a member killed with SIGKILL while it follows, then
+    bounded runs by two members at once: the lake's table equals the upstream table. A statement
+    whose key is not the message key fails its cycle, naming the event; a plain stream is refused."""
+    import random
+    import subprocess
+    import sys
+
+    from group import RUN_JOB, produce
+    from test_changelog import COLUMNS, KEEP, changelog, expected, with_tombstones
+    rng = random.Random(70)
+    parts, state, bad = changelog(rng, 240, 6000, PARTITIONS)
+    records = [with_tombstones(p, rng) for p in parts]
+    topic = "k" + uuid.uuid4().hex[:8]
+    mock.create_topic(topic, PARTITIONS)
+    catalog, data, con = new_lake(tmp_path, postgres)
+    env = lake_env(catalog, data)
+    job = tmp_path / "keep.sql"
+    job.write_text(KEEP.replace("INTO customers", "INTO lake.customers"))
+    common = [f"brokers='{mock.bootstrap}'", "subscribe=true", f"kafka={GROUP_KAFKA}", "job='cdc'", "envelope='debezium'",
+              "primary_key=['id']", f"columns={COLUMNS}", "dead_letter_table='lake.dead_letters'",
+              "late_table='lake.late_events'"]
+    produce(mock.bootstrap, topic, [r[: len(r) // 2] for r in records])
+    member = Member(tmp_path, "m", env, topic, [*common, "follow=true", "checkpoint_interval_ms=100"], form=("sql", job))
+    try:
+        wait_for(lambda: len(owned(con, "cdc")) == 1, [member], "the member owning partitions")
+        time.sleep(1)
+    finally:
+        member.stop()
+    produce(mock.bootstrap, topic, [r[len(r) // 2:] for r in records])
+    bounded_runs(tmp_path, ["a", "b"], env, topic, common, form=("sql", job))
+    [last] = bounded_runs(tmp_path, ["c"], env, topic, common, form=("sql", job))
+    assert last["status"] == "caught_up", last
+    got = sorted((i, n, t, None if s is None else f"{s:.2f}")
+                 for i, n, t, s in con.execute("SELECT id, name, tier, score FROM lake.customers").fetchall())
+    assert got == expected(state)
+    assert con.execute("SELECT count(*) FROM lake.dead_letters").fetchone()[0] == bad
+    # Keyed by another number, the rows' keys are not their messages' keys ({"id": ...}).
+    by_name = tmp_path / "by_name.sql"
+    by_name.write_text("INSERT OR REPLACE INTO lake.by_name SELECT id + 1000 AS n, name FROM stream")
+    args = [a.replace("'cdc'", "'n'").replace("['id']", "['n']") for a in common]
+    run = subprocess.run([sys.executable, RUN_JOB, str(tmp_path / "n.duckdb"), topic, "sql", str(by_name), *args],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and ("with subscribe := true, each row's key (n) must be its message's key, so that "
+                                    "a key lives in one partition and one member writes its row; the event at partition ") in run.stderr, run.stderr
+    plain = tmp_path / "plain.sql"
+    plain.write_text("INSERT OR REPLACE INTO lake.plain SELECT id, name FROM stream")
+    args = [a.replace("'cdc'", "'p'") for a in common if not a.startswith("envelope=")]
+    run = subprocess.run([sys.executable, RUN_JOB, str(tmp_path / "p.duckdb"), topic, "sql", str(plain), *args],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert ("with subscribe := true, INSERT OR REPLACE INTO lake.plain reads a changelog keyed by its rows' key "
+            "(envelope := 'debezium' or 'upsert')") in run.stderr, run.stderr

@@ -53,6 +53,7 @@ pub use engine::{Counters, Engine, PartitionProgress, Restored};
 pub use error::{EtlError, Result};
 pub use format::{
     Envelope, Format, RecordDecoder, RegisteredSchema, SchemaCache, SchemaType, Schemas,
+    TOMBSTONE_FIELD,
 };
 pub use pipeline::{read_cycle, reported_watermark, CycleLimits, ReadState, Stop};
 pub use pool::{Actor, Pool};

@@ -12,6 +12,7 @@ use crate::config::{EngineConfig, MAX_AGGREGATES};
 use crate::error::{EtlError, Result};
 use crate::format::RecordDecoder;
 use crate::record::{push_typed_key, with_inputs, FieldPlan, Reject};
+use crate::time::{MAX_EVENT_TIME_MS, MIN_EVENT_TIME_MS};
 use crate::window::hash_key;
 
 /// DuckDB's answers for the values of a chunk it was asked about, by (message, typed column).
@@ -138,12 +139,24 @@ impl ChunkParser {
             let msg_key = c.msg_key_spans[i].map(|(s, e)| &c.msg_keys[s..e]);
             let payload = &c.payload[a..b];
             let typed_from = c.typed.len();
+            let tombstone = self.decoder.is_tombstone(payload, msg_key);
             let decoded =
                 self.decoder
                     .decode_message(payload, c.schemas[i], msg_key, c.timestamps[i]);
             let (time, rest) = match decoded {
                 Err(e) => (Err(Reject::Syntax(e)), Ok(())),
-                Ok(fields) => match self.plan.time(&fields, c.timestamps[i]) {
+                // (A tombstone has no time field of its own: its record's timestamp is its time.)
+                Ok(fields) => match self.plan.time(&fields, c.timestamps[i]).or_else(|r| {
+                    match c.timestamps[i] {
+                        Some(t)
+                            if tombstone
+                                && (MIN_EVENT_TIME_MS..=MAX_EVENT_TIME_MS).contains(&t) =>
+                        {
+                            Ok(t)
+                        }
+                        _ => Err(r),
+                    }
+                }) {
                     Err(r) => (Err(r), Ok(())),
                     Ok(t) => {
                         let rest = with_inputs(n, |inputs| {
@@ -253,14 +266,19 @@ fn own_typed(
         };
         let cell = match v {
             Converted::Null => match c.msg_key.filter(|_| plan.typed()[j].message_key) {
-                Some(k) => match std::str::from_utf8(k) {
-                    Ok(k) => {
-                        let start = c.texts.len() as u32;
-                        c.texts.extend_from_slice(k.as_bytes());
-                        OwnedTyped::Text(start, c.texts.len() as u32)
+                Some(k) => {
+                    let start = c.texts.len() as u32;
+                    // (An Avro or Protobuf key of the registry, magic byte 0 first: its JSON.)
+                    let json = (k.first() == Some(&0))
+                        .then(|| plan.message_key_json(k))
+                        .flatten();
+                    match (json, std::str::from_utf8(k)) {
+                        (Some(json), _) => c.texts.extend_from_slice(json.as_bytes()),
+                        (None, Ok(k)) => c.texts.extend_from_slice(k.as_bytes()),
+                        (None, Err(_)) => return Err(Reject::KeyNotUtf8),
                     }
-                    Err(_) => return Err(Reject::KeyNotUtf8),
-                },
+                    OwnedTyped::Text(start, c.texts.len() as u32)
+                }
                 None => OwnedTyped::Null,
             },
             Converted::Bool(b) => OwnedTyped::Bool(b),

@@ -304,6 +304,13 @@ impl FieldPlan {
         v.to_string()
     }
 
+    /// A binary message key as JSON: a record of the registry's wire format (an Avro or
+    /// Protobuf key) whose schema the source looked up; None for other bytes.
+    pub(crate) fn message_key_json(&self, key: &[u8]) -> Option<String> {
+        let json = crate::format::record_json(&self.schemas, key, None);
+        (json != "null").then_some(json)
+    }
+
     /// The name of typed column `j`'s field.
     pub(crate) fn typed_path(&self, j: usize) -> &str {
         self.paths

@@ -61,6 +61,9 @@ pub enum Envelope {
     /// bare or as the `payload` of `{"schema": ..., "payload": ...}` (the JSON converter's
     /// `schemas.enable`), told apart by the message's first member.
     Debezium,
+    /// A keyed topic (Kafka's compacted-topic convention, Flink's `upsert-kafka`): the message
+    /// is the row of its key, and a tombstone (a key without a value) deletes the key's row.
+    Upsert,
 }
 
 impl Envelope {
@@ -68,9 +71,14 @@ impl Envelope {
         match self {
             Envelope::None => "none",
             Envelope::Debezium => "debezium",
+            Envelope::Upsert => "upsert",
         }
     }
 }
+
+/// The field of an `upsert` tombstone's record that says it is one (see
+/// [`RecordDecoder::decode_message`]).
+pub const TOMBSTONE_FIELD: &str = "__se_tombstone";
 
 #[derive(Debug)]
 pub(crate) enum Compiled {
@@ -200,6 +208,33 @@ pub(crate) struct BinaryDecoder {
 }
 
 impl BinaryDecoder {
+    /// A message key in the registry's wire format as JSON (a tombstone's key); None when its
+    /// schema is not one the job's source looked up.
+    fn key_json(&self, key: &[u8]) -> Result<String, DecodeError> {
+        let id = match key.get(..5) {
+            Some([0, a, b, c, d]) => u32::from_be_bytes([*a, *b, *c, *d]),
+            Some([m, ..]) => return Err(DecodeError::NoMagicByte(*m)),
+            _ => return Err(DecodeError::NoHeader),
+        };
+        let json = match self.cache.get(id) {
+            Some(Entry::Known(c)) => match &*c {
+                Compiled::Avro(s) => s.json(&key[5..]),
+                Compiled::Protobuf(s) => {
+                    let mut indexes = [0u32; 16];
+                    protobuf::message_indexes(&key[5..], &mut indexes)
+                        .ok()
+                        .and_then(|(n, used)| s.json(&indexes[..n], key.get(5 + used..)?))
+                }
+                Compiled::Other(_) => None,
+            },
+            _ => return Err(DecodeError::UnknownSchema(id)),
+        };
+        json.ok_or(DecodeError::Undecodable(
+            "the key's schema",
+            "it does not decode",
+        ))
+    }
+
     pub(crate) fn new(format: &Format, cache: &Arc<SchemaCache>, paths: &[FieldPath]) -> Self {
         BinaryDecoder {
             format: format.clone(),
@@ -375,8 +410,9 @@ pub struct RecordDecoder {
     /// JSON Debezium events: finds the `payload` of a `{"schema": ..., "payload": ...}` message,
     /// whose fields the paths then name (see [`Envelope::Debezium`]).
     unwrap: Option<Decoder>,
-    /// A Debezium tombstone as the delete it stands for (see [`RecordDecoder::decode_message`]).
+    /// A tombstone as the delete it stands for (see [`RecordDecoder::decode_message`]).
     tombstone: Vec<u8>,
+    envelope: Envelope,
 }
 
 impl RecordDecoder {
@@ -390,15 +426,24 @@ impl RecordDecoder {
             numbers_only: 0,
             unwrap: None,
             tombstone: Vec::new(),
+            envelope: Envelope::None,
         }
     }
 
-    /// Reads the records inside `envelope` (JSON: a wrapped Debezium event's payload).
+    /// Reads the records inside `envelope` (JSON: a wrapped Debezium event's payload, or a
+    /// wrapped row of a keyed topic).
     pub(crate) fn envelope(mut self, envelope: Envelope) -> RecordDecoder {
-        if envelope == Envelope::Debezium && self.binary.is_none() {
+        self.envelope = envelope;
+        if envelope != Envelope::None && self.binary.is_none() {
             self.unwrap = FieldPath::parse("payload").map(|p| Decoder::new(vec![p]));
         }
         self
+    }
+
+    /// Whether a message of this value and key is a tombstone the envelope reads as a delete.
+    #[inline]
+    pub fn is_tombstone(&self, raw: &[u8], key: Option<&[u8]>) -> bool {
+        self.envelope != Envelope::None && raw.is_empty() && key.is_some_and(|k| !k.is_empty())
     }
 
     /// Paths only numeric aggregates read: a binary format's floats there get no text.
@@ -407,10 +452,16 @@ impl RecordDecoder {
         self
     }
 
-    /// Decodes one message with its Kafka key and timestamp. A Debezium topic's tombstone (an
-    /// empty value with a key, which the connector sends after a delete so that log compaction
-    /// can drop the key) reads as the delete of its key: `{"op": "d", "before": <the key's
-    /// fields>, "ts_ms": <the record's timestamp>}`.
+    /// Decodes one message with its Kafka key and timestamp. A tombstone (an empty value with
+    /// a key, which a Debezium connector sends after a delete so that log compaction can drop
+    /// the key, and which deletes a key of a keyed topic) reads as the delete of its key:
+    /// - Debezium: `{"op": "d", "before": <the key's fields>, "ts_ms": <the record's
+    ///   timestamp>}`;
+    /// - `upsert`: the key's fields (none when the key is not an object), with
+    ///   [`TOMBSTONE_FIELD`] true.
+    ///
+    /// A binary format's key is read in the registry's wire format, a JSON key bare or in the
+    /// JSON converter's wrapper.
     #[inline]
     pub fn decode_message<'a>(
         &'a mut self,
@@ -419,29 +470,49 @@ impl RecordDecoder {
         key: Option<&'a [u8]>,
         timestamp: Option<i64>,
     ) -> Result<Fields<'a>, DecodeError> {
-        let tombstone_key = key.filter(|k| raw.is_empty() && !k.is_empty());
-        match (&mut self.unwrap, tombstone_key) {
-            (Some(outer), Some(k)) => {
-                let inner = if first_member_is(k, b"schema") {
-                    payload_of(outer, k)?
-                } else {
-                    None
-                };
-                let fields_of_key = inner.map_or(k, |r| &k[r]);
-                let doc = &mut self.tombstone;
-                doc.clear();
+        let Some(k) = key.filter(|_| self.is_tombstone(raw, key)) else {
+            return self.decode(raw, file_schema);
+        };
+        let rendered;
+        let fields_of_key: Option<&[u8]> = match (&self.binary, &mut self.unwrap) {
+            (Some(b), _) => {
+                rendered = b.key_json(k)?;
+                Some(rendered.as_bytes())
+            }
+            (None, Some(outer)) if first_member_is(k, b"schema") => {
+                payload_of(outer, k)?.map(|r| &k[r])
+            }
+            (None, _) => Some(k),
+        };
+        let doc = &mut self.tombstone;
+        doc.clear();
+        match self.envelope {
+            Envelope::Upsert => {
+                doc.extend_from_slice(br#"{""#);
+                doc.extend_from_slice(TOMBSTONE_FIELD.as_bytes());
+                doc.extend_from_slice(br#"":true"#);
+                // (A key that is not an object names no field: `key` is the key.)
+                let members = fields_of_key
+                    .map(<[u8]>::trim_ascii)
+                    .and_then(|o| o.strip_prefix(b"{")?.strip_suffix(b"}"))
+                    .filter(|m| !m.trim_ascii().is_empty());
+                if let Some(m) = members {
+                    doc.push(b',');
+                    doc.extend_from_slice(m);
+                }
+            }
+            _ => {
                 doc.extend_from_slice(br#"{"op":"d","before":"#);
-                doc.extend_from_slice(fields_of_key);
+                doc.extend_from_slice(fields_of_key.unwrap_or(b"null"));
                 if let Some(ts) = timestamp {
                     doc.extend_from_slice(
                         format!(r#","ts_ms":{ts},"source":{{"ts_ms":{ts}}}"#).as_bytes(),
                     );
                 }
-                doc.push(b'}');
-                self.fields.decode(&self.tombstone)
             }
-            _ => self.decode(raw, file_schema),
         }
+        doc.push(b'}');
+        self.fields.decode(&self.tombstone)
     }
 
     /// Decodes one message (`file_schema`: a datum of that Avro file schema).

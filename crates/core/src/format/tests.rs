@@ -483,6 +483,53 @@ fn a_debezium_tombstone_reads_as_the_delete_of_its_key() {
 }
 
 #[test]
+fn an_upsert_tombstone_reads_as_its_keys_fields_marked_deleted() {
+    let p = paths(&[TOMBSTONE_FIELD, "id", "name"]);
+    let mut d = RecordDecoder::new(p.clone(), &Format::Json, &Schemas::default())
+        .envelope(Envelope::Upsert);
+    let got = |d: &mut RecordDecoder, value: &[u8], key: Option<&[u8]>| {
+        let f = d.decode_message(value, None, key, Some(9)).unwrap();
+        (0..3)
+            .map(|i| String::from_utf8_lossy(f.get(i).bytes).into_owned())
+            .collect::<Vec<_>>()
+    };
+    assert!(d.is_tombstone(b"", Some(b"{}")));
+    assert!(!d.is_tombstone(b"", None) && !d.is_tombstone(b"", Some(b"")));
+    assert_eq!(got(&mut d, b"", Some(br#" {"id":5} "#)), ["true", "5", ""]);
+    // The key in the JSON converter's wrapper; a key that is not an object names no field.
+    let wrapped = br#"{"schema":{"type":"struct"},"payload":{"id":6}}"#;
+    assert_eq!(got(&mut d, b"", Some(wrapped)), ["true", "6", ""]);
+    assert_eq!(got(&mut d, b"", Some(b"customer-7")), ["true", "", ""]);
+    assert_eq!(got(&mut d, b"", Some(b"{ }")), ["true", "", ""]);
+    // A message with a value is its row, wrapped or not.
+    let row = br#"{"id":8,"name":"x"}"#;
+    assert_eq!(got(&mut d, row, Some(b"8")), ["", "8", "x"]);
+    let wrapped_row = br#"{"schema":{},"payload":{"id":8,"name":"x"}}"#;
+    assert_eq!(got(&mut d, wrapped_row, None), ["", "8", "x"]);
+    // An Avro topic's key is read with the key's own schema from the registry.
+    let key_schema = r#"{"type":"record","name":"Key","fields":[{"name":"id","type":"long"}]}"#;
+    let schemas = avro_cache(11, key_schema);
+    let mut avro =
+        RecordDecoder::new(p.clone(), &Format::Avro, &schemas).envelope(Envelope::Upsert);
+    let parsed = Schema::parse_str(key_schema).unwrap();
+    let mut rec = apache_avro::types::Record::new(&parsed).unwrap();
+    rec.put("id", 42i64);
+    let key = framed(11, &apache_avro::to_avro_datum(&parsed, rec).unwrap());
+    assert_eq!(got(&mut avro, b"", Some(&key)), ["true", "42", ""]);
+    assert_eq!(
+        avro.decode_message(b"", None, Some(&framed(12, b"\x02")), None)
+            .err(),
+        Some(DecodeError::UnknownSchema(12))
+    );
+    let mut debezium = RecordDecoder::new(paths(&["op", "before.id"]), &Format::Avro, &schemas)
+        .envelope(Envelope::Debezium);
+    let f = debezium
+        .decode_message(b"", None, Some(&key), Some(9))
+        .unwrap();
+    assert_eq!((f.get(0).bytes, f.get(1).bytes), (&b"d"[..], &b"42"[..]));
+}
+
+#[test]
 fn avro_decimals_read_as_the_numbers_they_are() {
     let t = |b: &[u8], scale| avro::decimal_text(b, scale).unwrap();
     assert_eq!(t(&[0x04, 0xD2], 2), "12.34");
