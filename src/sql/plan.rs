@@ -3,42 +3,30 @@
 //!
 //! The engine reads the stream (decoding only the columns the statements use), keeps the
 //! per-partition watermarks and places each event in its windows under them, keyed by the
-//! statement's GROUP BY columns that are stream columns. What it then does depends on the
-//! statement:
-//! - **engine** (a statement that says what a parameter job says: built-in aggregates over
-//!   DOUBLE stream columns, keys that are stream columns, no join, no WHERE): the engine
-//!   computes the rows, and DuckDB only puts their columns in the statement's order and types;
-//! - **staged** (anything else windowed): every event the engine read is staged with what it
-//!   did with it (placed, late, applied). In the cycle's transaction DuckDB runs the statement's
-//!   FROM (its joins read the lookup tables as of that cycle) and WHERE over the cycle's events,
-//!   keeping the columns the SELECT list, GROUP BY and HAVING read (`row_step`); late events
-//!   that pass go to the late table; the placed ones are staged until their windows close, and
-//!   a closing window's rows are the statement's own SELECT ... GROUP BY over its staged rows
-//!   (`close`): DuckDB's batch query over the events placed in that window;
-//! - **transform** (no window): the statement itself, over the cycle's events.
+//! statement's GROUP BY columns that are stream columns. Here a statement is parsed, typed and
+//! checked ([`Statement`]); then each kind is planned in a file of its own:
+//! - [`transform`](super::transform): no window (appended rows, or a table kept by key);
+//! - [`window`](super::window): a windowed statement's window and keys, then
+//!   [`engine`](super::engine) (the engine computes the rows) or [`staged`](super::staged)
+//!   (DuckDB's batch query over each closing window's staged events).
+//!
+//! Several statements over one read are one engine with a layer per statement ([`together`]).
 
 use std::collections::HashSet;
 
 use duckdb::Connection;
 use serde_json::Value;
 use streaming_etl_core::{
-    EngineConfig, Envelope, EtlError, FieldPath, KeyColumn, Result, TypedColumn, WindowKind,
-    MAX_AGGREGATES, TOMBSTONE_FIELD,
+    EngineConfig, Envelope, EtlError, FieldPath, Result, TypedColumn, MAX_AGGREGATES,
+    TOMBSTONE_FIELD,
 };
 
-use super::ast;
 use super::duck::{self, Typing};
-use super::on_duckdb::{close, events_columns, replace_stream, row_step};
-use super::on_engine::{
-    calls_aggregate, engine_aggregates, placeholder, stream_column_of, upsert_key,
-};
-use super::shape::{shape, WindowFn, BOUNDS, STREAM_COLUMNS};
+use super::on_duckdb::events_columns;
+use super::on_engine::placeholder;
+use super::shape::{shape, Shape, STREAM_COLUMNS};
 use super::text::{statements, StatementText};
-use crate::params::{quote_ident, TableName};
-
-/// The window of a transform-only job (its windows are never written): a day, so that the
-/// engine keeps one open window.
-const TRANSFORM_WINDOW_MS: i64 = 86_400_000;
+use crate::params::TableName;
 
 /// A job written as SQL.
 #[derive(Debug, Clone, PartialEq)]
@@ -269,7 +257,7 @@ fn shorten(text: &str) -> String {
 
 /// A statement DuckDB computes: the engine stages every event it reads (its aggregates only a
 /// placeholder), and the cycle's events are typed as `__se_events` for the statement's SQL.
-fn stage_every_event(cfg: &mut EngineConfig, typing: &Typing<'_>) -> Result<()> {
+pub(super) fn stage_every_event(cfg: &mut EngineConfig, typing: &Typing<'_>) -> Result<()> {
     cfg.aggregates = vec![placeholder()];
     cfg.stage_all = true;
     let typed: Vec<(String, String)> = events_columns(cfg)
@@ -279,13 +267,13 @@ fn stage_every_event(cfg: &mut EngineConfig, typing: &Typing<'_>) -> Result<()> 
     typing.table("__se_events", &typed).map_err(EtlError::Duck)
 }
 
-fn plan_statement(
-    conn: &Connection,
-    given: &Given<'_>,
+fn plan_statement<'a>(
+    conn: &'a Connection,
+    given: &'a Given<'_>,
     cfg: &mut EngineConfig,
-    t: &StatementText,
+    t: &'a StatementText,
     parsed: &std::result::Result<(String, Value), String>,
-    is_aggregate: &dyn Fn(&str) -> bool,
+    is_aggregate: &'a dyn Fn(&str) -> bool,
 ) -> Result<SqlStatement> {
     let target_shown = t.target.clone().unwrap_or_else(|| {
         given
@@ -356,263 +344,75 @@ fn plan_statement(
             "with envelope := 'debezium', a statement reads each change without a window (INSERT OR REPLACE keeps the table, INSERT INTO appends the changes); window what it keeps with another job".into(),
         ));
     }
-    let Some((wf, intervals)) = &sh.window else {
-        match cfg.envelope {
-            // (A Debezium row's columns are read from after or before as op says: all kept.)
-            Envelope::Debezium => {}
-            // (A keyed statement deletes the key of a tombstone.)
-            Envelope::Upsert if t.replace => {
-                // (A member checks each row's key against its message key.)
-                let message_key = cfg
-                    .columns
-                    .iter()
-                    .filter(|c| given.subscribe && c.message_key)
-                    .filter(|c| !used.iter().any(|u| u.name == c.name))
-                    .cloned()
-                    .collect::<Vec<_>>();
-                cfg.columns = used;
-                cfg.columns.extend(message_key);
-                if let Some(p) = FieldPath::parse(TOMBSTONE_FIELD) {
-                    cfg.columns
-                        .push(TypedColumn::new(p, TOMBSTONE_FIELD, "BOOLEAN"));
-                }
-            }
-            _ => cfg.columns = used,
-        }
-        cfg.window = WindowKind::Tumbling;
-        cfg.time.window_ms = TRANSFORM_WINDOW_MS;
-        cfg.keys = Vec::new();
-        cfg.default_key = false;
-        stage_every_event(cfg, &typing)?;
-        let mut node = replace_stream(&node, &sh, conn)?;
-        if t.replace {
-            let keyed = super::keyed::plan(
-                conn,
-                &super::keyed::Statement {
-                    answer: &answer,
-                    node: &node,
-                    stream: &sh.stream,
-                    columns: &columns,
-                    target: &target,
-                    target_shown: &target_shown,
-                    primary_key: given.primary_key,
-                    subscribe: given.subscribe,
-                    envelope: cfg.envelope,
-                    message_key: cfg
-                        .columns
-                        .iter()
-                        .find(|c| c.message_key)
-                        .map(|c| c.name.as_str()),
-                },
-            )?;
-            return Ok(SqlStatement {
-                target_shown,
-                target,
-                key: keyed.key.clone(),
-                columns: keyed.columns.clone(),
-                body: Body::Keyed(keyed),
-                normalized,
-                retract: Vec::new(),
-            });
-        }
-        if given.subscribe
-            && !columns
-                .iter()
-                .any(|(n, _)| n.eq_ignore_ascii_case("partition"))
-        {
-            // A member's rows carry the partition they were read from, as windowed rows do.
-            let (_, t) = duck::parse(
-                conn,
-                &format!(
-                    "SELECT {s}.\"partition\" AS \"partition\" FROM __se_events AS {s}",
-                    s = quote_ident(&sh.stream)
-                ),
-            )
-            .map_err(EtlError::Duck)?;
-            let item = t
-                .get("select_list")
-                .and_then(Value::as_array)
-                .and_then(|l| l.first())
-                .cloned();
-            if let (Some(list), Some(item)) = (
-                node.get_mut("select_list").and_then(Value::as_array_mut),
-                item,
-            ) {
-                list.push(item);
-            }
-            columns.push(("partition".into(), "INTEGER".into()));
-        }
-        let sql = duck::print(conn, &answer, &node).map_err(&fail)?;
-        let typed = duck::describe(conn, &sql).map_err(&fail)?;
-        for (c, t) in columns.iter_mut().zip(typed) {
-            c.1 = t.1;
-        }
-        return Ok(SqlStatement {
-            target_shown,
-            target,
-            columns,
-            key: Vec::new(),
-            body: Body::Transform { sql },
-            normalized,
-            retract: Vec::new(),
-        });
-    };
-    let mut ms = Vec::new();
-    for (arg, node) in wf.interval_args().iter().zip(intervals) {
-        let v = duck::millis(conn, &answer, node)
-            .map_err(|m| fail(format!("{}'s {arg} {m}", wf.name())))?;
-        if v <= 0 {
-            return Err(fail(format!(
-                "{}'s {arg} must be > 0 (got {v} ms)",
-                wf.name()
-            )));
-        }
-        ms.push(v);
-    }
-    cfg.window = match wf {
-        WindowFn::Tumble => WindowKind::Tumbling,
-        WindowFn::Session => WindowKind::Session,
-        WindowFn::Hop if ms[0] == ms[1] => WindowKind::Tumbling,
-        WindowFn::Hop => {
-            if ms[0] > ms[1] || ms[1] % ms[0] != 0 {
-                return Err(fail(format!(
-                    "HOP's size ({} ms) must be a multiple of its hop ({} ms)",
-                    ms[1], ms[0]
-                )));
-            }
-            WindowKind::Hopping { hop_ms: ms[0] }
-        }
-    };
-    cfg.time.window_ms = *ms.last().unwrap_or(&1);
-    cfg.default_key = false;
-    cfg.null_keys = true;
-    // The GROUP BY items that are stream columns are the engine's keys.
-    let group_items: Vec<Value> = match &sh.group_by {
-        Some(exprs) => exprs.clone(),
-        None => sh
-            .select
-            .iter()
-            .filter(|(_, e)| !calls_aggregate(e, is_aggregate))
-            .map(|(_, e)| e.clone())
-            .collect(),
-    };
-    let mut key_cols: Vec<TypedColumn> = Vec::new();
-    let mut other_keys = false;
-    for g in &group_items {
-        match stream_column_of(g, &sh, &cfg.columns) {
-            Some(c) if c.repr.keyable() => {
-                if !key_cols.iter().any(|k| k.name == c.name) {
-                    key_cols.push(c.clone());
-                }
-            }
-            Some(_) => other_keys = true,
-            None => {
-                let bound = ast::column_names(g).is_some_and(|n| {
-                    n.last()
-                        .is_some_and(|c| BOUNDS.iter().any(|b| b.eq_ignore_ascii_case(c)))
-                });
-                other_keys |= !bound;
-            }
-        }
-    }
-    // A key's sessions are the engine's, per the GROUP BY's stream columns; other keys split a
-    // session's rows. A session merged into another retracts its row by those keys alone.
-    if *wf == WindowFn::Session && other_keys && cfg.revisions() {
-        return Err(fail("a SESSION statement with emit := 'update' or late_updates_ms groups by stream columns only (besides window_start): a session merged into another retracts its row by them; computed or joined keys need TUMBLE or HOP, or emit := 'close'".into()));
-    }
-    cfg.keys = key_cols
-        .iter()
-        .enumerate()
-        .map(|(i, c)| KeyColumn {
-            path: c.path.clone(),
-            name: format!("__se_k{i}"),
-        })
-        .collect();
-    let key = upsert_key(&sh, &columns, is_aggregate);
-    let fast = engine_aggregates(
-        &sh,
-        &key_cols,
-        &cfg.columns,
-        &described,
-        is_aggregate,
-        other_keys,
-    );
-    if let Some((aggs, projection)) = fast {
-        let mut used = key_cols.clone();
-        for a in &aggs {
-            if let Some(c) = a
-                .path
-                .as_ref()
-                .and_then(|p| cfg.columns.iter().find(|c| c.path == *p))
-            {
-                if !used.iter().any(|u| u.name == c.name) {
-                    used.push(c.clone());
-                }
-            }
-        }
-        cfg.columns = used;
-        cfg.aggregates = aggs;
-        cfg.typed_inputs = true;
-        cfg.stage_all = false;
-        return Ok(SqlStatement {
-            target_shown,
-            target,
-            columns,
-            key,
-            body: Body::Engine { projection },
-            normalized,
-            retract: Vec::new(),
-        });
-    }
-    let mut used = used;
-    for k in &key_cols {
-        if !used.iter().any(|u| u.name == k.name) {
-            used.push(k.clone());
-        }
-    }
-    cfg.columns = used;
-    stage_every_event(cfg, &typing)?;
-    let staged_names: Vec<String> = cfg
-        .staged_schema()
-        .columns
-        .iter()
-        .map(|c| c.name.clone())
-        .collect();
-    let row_node = row_step(&node, &sh, &staged_names, conn)?;
-    let row_sql = duck::print(conn, &answer, &row_node).map_err(&fail)?;
-    let rows = duck::describe(conn, &row_sql).map_err(&fail)?;
-    let close_node = close(&node, &sh, conn)?;
-    let close_sql = duck::print(conn, &answer, &close_node).map_err(&fail)?;
-    drop(typing);
-    let retract = sh
-        .select
-        .iter()
-        .zip(&described)
-        .map(|((_, e), (_, ty))| {
-            let bound = ast::column_names(e).and_then(|n| n.last().map(|c| c.to_ascii_lowercase()));
-            match bound.as_deref() {
-                Some("window_start") => "make_timestamptz(r.c0 * 1000)".to_string(),
-                Some("window_end") => "make_timestamptz(r.c1 * 1000)".to_string(),
-                _ => match stream_column_of(e, &sh, &key_cols)
-                    .and_then(|c| key_cols.iter().position(|k| k.name == c.name))
-                {
-                    Some(k) => format!("CAST(r.c{} AS {ty})", 2 + k),
-                    None => format!("CAST(NULL AS {ty})"),
-                },
-            }
-        })
-        .collect();
-    Ok(SqlStatement {
+    let st = Statement {
+        conn,
+        subscribe: given.subscribe,
+        primary_key: given.primary_key,
+        text: t,
         target_shown,
         target,
-        columns,
-        key,
-        body: Body::Staged {
-            row_step: row_sql,
-            rows,
-            close: close_sql,
-        },
+        answer,
+        node,
+        sh,
         normalized,
-        retract,
-    })
+        typing,
+        described,
+        columns,
+        used,
+        is_aggregate,
+    };
+    match st.sh.window.is_some() {
+        false => super::transform::plan(st, cfg),
+        true => super::window::plan(st, cfg),
+    }
+}
+
+/// One statement being planned, whatever its kind: its target, DuckDB's parse and typing of it
+/// (the stream typed as a table while it lives), and the stream columns it reads.
+pub(super) struct Statement<'a> {
+    pub conn: &'a Connection,
+    pub subscribe: bool,
+    /// `primary_key`: the key of an `INSERT OR REPLACE` target the job creates.
+    pub primary_key: Option<&'a [String]>,
+    pub text: &'a StatementText,
+    pub target_shown: String,
+    pub target: TableName,
+    /// DuckDB's parse of the statement, and its query node.
+    pub answer: String,
+    pub node: Value,
+    pub sh: Shape,
+    pub normalized: String,
+    pub typing: Typing<'a>,
+    /// The query's columns as DuckDB's binder types them, and as the target gets them (renamed
+    /// by an `INSERT INTO t (a, b)` list).
+    pub described: Vec<(String, String)>,
+    pub columns: Vec<(String, String)>,
+    /// The typed columns of the stream it reads.
+    pub used: Vec<TypedColumn>,
+    pub is_aggregate: &'a dyn Fn(&str) -> bool,
+}
+
+impl Statement<'_> {
+    pub fn fail(&self, message: impl Into<String>) -> EtlError {
+        stmt_err(&self.target_shown, message)
+    }
+
+    /// The planned statement: its target's columns and key, and how its rows are made.
+    pub fn planned(
+        self,
+        columns: Vec<(String, String)>,
+        key: Vec<String>,
+        body: Body,
+        retract: Vec<String>,
+    ) -> SqlStatement {
+        SqlStatement {
+            target_shown: self.target_shown,
+            target: self.target,
+            columns,
+            key,
+            body,
+            normalized: self.normalized,
+            retract,
+        }
+    }
 }
