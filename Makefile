@@ -166,7 +166,7 @@ sqltest: release configure
 CORE_TESTS := test/python/test_semantics.py test/python/test_windows.py test/python/test_file_source.py \
               test/python/test_host.py test/python/test_sandbox.py test/python/test_duckdb_aggregates.py \
               test/python/test_sql_jobs.py test/python/test_sql_sets.py test/python/test_background.py \
-              test/python/test_changelog.py
+              test/python/test_changelog.py test/python/test_window_join.py
 # Runs side by side must not share pytest's temporary directory (each session tidies it, and the
 # PostgreSQL of the DuckLake tests lost access to its files when another did).
 PYTEST_TMP := /tmp/streaming_etl-pytest

@@ -3,7 +3,8 @@
 //! parse tree as JSON), `shape.rs` (what a statement says, and what a job cannot run). DuckDB at
 //! bind time: `duck.rs` (its parser, printer and binder; `builtins.rs`, its own function names).
 //! `plan.rs` plans a job and checks each statement, planned by its kind: `transform.rs` (no
-//! window), `window.rs` (a window and its keys), then `engine.rs` or `staged.rs`; between the
+//! window), `window.rs` (a window and its keys), then `engine.rs`, `staged.rs` or
+//! `window_join.rs` (the stream read twice, joined within each window); between the
 //! engine (`on_engine.rs`: its keys, and the fast path's aggregates) and DuckDB (`on_duckdb.rs`:
 //! the SQL of each cycle), which the sink runs (`sink::sql_cycle`).
 //! `targets.rs`: existing targets checked against what the statements make;
@@ -25,6 +26,7 @@ mod targets;
 mod text;
 mod transform;
 mod window;
+mod window_join;
 
 pub use keyed::{Keyed, MESSAGE_KEY_COLUMN};
 pub use on_duckdb::events_columns;

@@ -88,6 +88,9 @@ pub struct Shape {
     pub group_by: Option<Vec<Value>>,
     /// The SELECT list: each item's alias (empty: none) and node.
     pub select: Vec<(String, Value)>,
+    /// A window join: the name the stream's second read is qualified by (the first is
+    /// `stream`), both in the same window, joined on their `window_start`.
+    pub join: Option<String>,
 }
 
 /// Why a statement cannot run as a job: the construct, and what to do.
@@ -162,17 +165,32 @@ pub fn shape(
     if stream_reads == 0 {
         return refuse("the statement does not read the stream: FROM stream, or FROM TUMBLE(stream, event_time, INTERVAL ...)");
     }
-    if stream_reads > 1 {
-        return refuse("the stream is read more than once (a self-join, or a subquery over it): a statement reads it once; join DuckDB tables to it instead");
+    let from = node.get("from_table").cloned().unwrap_or(Value::Null);
+    if stream_reads > 1 && (stream_reads > 2 || !joins_two_windows(&from)) {
+        return refuse("the stream is read more than once (a self-join, or a subquery over it): a statement reads it once, or twice in a window join (FROM TUMBLE(stream, ...) AS a JOIN TUMBLE(stream, ...) AS b ON ... AND a.window_start = b.window_start); join DuckDB tables to it instead");
     }
     let (mut refs, mut joins) = (Vec::new(), Vec::new());
-    if let Some(from) = node.get("from_table") {
-        ast::table_refs(from, &mut refs, &mut joins);
-    }
+    ast::table_refs(&from, &mut refs, &mut joins);
     let Some(pos) = refs.iter().position(reads_stream_ref) else {
         return refuse("the stream is read in a subquery or a CTE: read it in the statement's own FROM clause (FROM stream, or FROM TUMBLE(stream, ...))");
     };
     let stream = refs.remove(pos);
+    let join = match stream_reads {
+        2 => {
+            let other = refs
+                .iter()
+                .position(reads_stream_ref)
+                .map(|i| refs.remove(i));
+            Some(window_join(&from, &stream, other.as_ref())?)
+        }
+        _ => None,
+    };
+    if let (Some(_), Some(r)) = (&join, refs.first()) {
+        return refuse(format!(
+            "a window join with a table ({}) is not yet supported: a window join's rows are made as its window closes, not as each event is read; enrich the rows in another statement",
+            r.name
+        ));
+    }
     if let Some(r) = refs
         .iter()
         .find(|r| r.kind == "TABLE_FUNCTION" && WindowFn::of(&r.object).is_some())
@@ -223,8 +241,14 @@ pub fn shape(
     let mut all_refs: Vec<Vec<String>> = Vec::new();
     ast::column_refs(node, &[], &mut all_refs);
     let is_stream = |r: &[String]| -> Option<String> {
+        let read = |rel: &str| {
+            rel.eq_ignore_ascii_case(&stream.name)
+                || join.as_ref().is_some_and(|j| rel.eq_ignore_ascii_case(j))
+        };
         match r {
-            [rel, col, ..] if rel.eq_ignore_ascii_case(&stream.name) => Some(col.clone()),
+            [rel, col, ..] if read(rel) => {
+                (!BOUNDS.iter().any(|b| b.eq_ignore_ascii_case(col))).then(|| col.clone())
+            }
             [col, ..] if !lookups.iter().any(|l| l.eq_ignore_ascii_case(col)) || r.len() == 1 => {
                 stream_columns
                     .iter()
@@ -250,6 +274,7 @@ pub fn shape(
             stream_columns: stream_columns_read,
             group_by: None,
             select,
+            join: None,
         });
     };
     for (_, e) in &select {
@@ -285,7 +310,9 @@ pub fn shape(
         column_names(e).is_some_and(|n| {
             n.last()
                 .is_some_and(|c| c.eq_ignore_ascii_case("window_start"))
-                && (n.len() == 1 || n[0].eq_ignore_ascii_case(&stream.name))
+                && (n.len() == 1
+                    || n[0].eq_ignore_ascii_case(&stream.name)
+                    || join.as_ref().is_some_and(|j| n[0].eq_ignore_ascii_case(j)))
         })
     };
     let by_position = |e: &Value| -> Option<&Value> {
@@ -335,6 +362,7 @@ pub fn shape(
     let mut refs = BTreeSet::new();
     let mut add = |names: &[String], may_be_alias: bool| {
         let relations: Vec<&String> = std::iter::once(&stream.name)
+            .chain(join.iter())
             .chain(lookups.iter())
             .collect();
         let r = match names {
@@ -389,7 +417,108 @@ pub fn shape(
         stream_columns: stream_columns_read,
         group_by: if group_all { None } else { Some(exprs) },
         select,
+        join,
     })
+}
+
+/// The join of a FROM clause whose two sides are window calls over the stream (the shape of a
+/// window join, checked by [`window_join`]), wherever it is among its joins.
+fn two_windows(from: &Value) -> Option<&Value> {
+    if kind(from) != "JOIN" {
+        return None;
+    }
+    let window = |t: &Value| {
+        kind(t) == "TABLE_FUNCTION"
+            && t.get("function")
+                .and_then(Value::as_object)
+                .is_some_and(reads_stream)
+    };
+    let (l, r) = (from.get("left")?, from.get("right")?);
+    if window(l) && window(r) {
+        return Some(from);
+    }
+    two_windows(l).or_else(|| two_windows(r))
+}
+
+fn joins_two_windows(from: &Value) -> bool {
+    two_windows(from).is_some()
+}
+
+/// A window join's second read, checked: both reads the same window (function and intervals),
+/// not a session, joined on their `window_start`. Returns the name it is qualified by.
+fn window_join(
+    from: &Value,
+    first: &TableRef,
+    other: Option<&TableRef>,
+) -> Result<String, Refused> {
+    let Some(other) = other else {
+        return refuse("the stream is read twice, and not as the two sides of a window join");
+    };
+    let (a, a_args) = window_call(&first.node)?;
+    let (b, b_args) = window_call(&other.node)?;
+    let plain = |args: &[Value]| -> Vec<Value> { args.iter().map(without_locations).collect() };
+    if a != b || plain(&a_args) != plain(&b_args) {
+        return refuse(format!(
+            "the two sides of a window join are in different windows ({} and {}): a window join joins the rows of one window, so both read the same window function with the same intervals",
+            first.name, other.name
+        ));
+    }
+    if a == WindowFn::Session {
+        return refuse("a SESSION window join is not supported: each side's sessions end apart; join TUMBLE or HOP windows");
+    }
+    let condition = two_windows(from)
+        .and_then(|j| j.get("condition"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let on_start = |e: &Value, rel: &str| {
+        column_names(e).is_some_and(|n| {
+            n.len() == 2
+                && n[0].eq_ignore_ascii_case(rel)
+                && n[1].eq_ignore_ascii_case("window_start")
+        })
+    };
+    let mut joined = false;
+    let mut conjuncts = vec![condition];
+    while let Some(c) = conjuncts.pop() {
+        match ast::text(&c, "type") {
+            "CONJUNCTION_AND" => {
+                if let Some(ch) = c.get("children").and_then(Value::as_array) {
+                    conjuncts.extend(ch.iter().cloned());
+                }
+            }
+            "COMPARE_EQUAL" => {
+                let (l, r) = (
+                    c.get("left").unwrap_or(&Value::Null),
+                    c.get("right").unwrap_or(&Value::Null),
+                );
+                joined |= on_start(l, &first.name) && on_start(r, &other.name)
+                    || on_start(l, &other.name) && on_start(r, &first.name);
+            }
+            _ => {}
+        }
+    }
+    if !joined {
+        return refuse(format!(
+            "a window join joins the rows of one window: its ON says {a}.window_start = {b}.window_start (without it, the join would keep every window's events)",
+            a = first.name,
+            b = other.name
+        ));
+    }
+    Ok(other.name.clone())
+}
+
+/// A parse tree without DuckDB's positions in the text (two equal expressions compare equal).
+fn without_locations(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| !k.starts_with("query_location"))
+                .map(|(k, x)| (k.clone(), without_locations(x)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_locations).collect()),
+        other => other.clone(),
+    }
 }
 
 fn reads_stream_ref(r: &TableRef) -> bool {
@@ -527,6 +656,34 @@ mod tests {
                 ("s", &["d".to_string()][..])
             );
             assert_eq!(s.joins, ["LEFT"]);
+        }
+    }
+
+    #[test]
+    fn a_window_join_reads_the_stream_twice_in_one_window() {
+        let mut cols = columns();
+        cols.push("kind".into());
+        for v in ["v14", "v20"] {
+            let s = shape(&tree("windowjoin", v), &cols, &is_aggregate).unwrap();
+            assert_eq!(
+                (s.stream.as_str(), s.join.as_deref()),
+                ("o", Some("p")),
+                "{v}"
+            );
+            assert_eq!(s.joins, ["LEFT"]);
+            assert!(s.lookups.is_empty());
+            assert_eq!(
+                s.stream_columns.iter().cloned().collect::<Vec<_>>(),
+                ["customer_id", "event_time", "kind"],
+                "{v}"
+            );
+            let e = shape(&tree("windowjoin_apart", v), &cols, &is_aggregate)
+                .unwrap_err()
+                .0;
+            assert!(
+                e.contains("its ON says o.window_start = p.window_start"),
+                "{v}: {e}"
+            );
         }
     }
 

@@ -1,7 +1,8 @@
 //! A windowed statement (`FROM TUMBLE/HOP/SESSION(stream, ...)`): its window and the engine's
 //! keys (the GROUP BY items that are stream columns), then planned as the engine's
 //! ([`engine`](super::engine)) when the engine can compute its rows, or DuckDB's over staged
-//! events ([`staged`](super::staged)).
+//! events ([`staged`](super::staged)); a window join ([`window_join`](super::window_join)) is
+//! DuckDB's over both reads of each window's events.
 #![forbid(unsafe_code)]
 
 use serde_json::Value;
@@ -46,6 +47,10 @@ pub(super) fn plan(st: Statement<'_>, cfg: &mut EngineConfig) -> Result<SqlState
     cfg.default_key = false;
     cfg.null_keys = true;
     let is_aggregate = st.is_aggregate;
+    if st.sh.join.is_some() {
+        let key = upsert_key(&st.sh, &st.columns, is_aggregate);
+        return super::window_join::plan(st, cfg, key);
+    }
     // The GROUP BY items that are stream columns are the engine's keys.
     let group_items: Vec<Value> = match &st.sh.group_by {
         Some(exprs) => exprs.clone(),
