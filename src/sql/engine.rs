@@ -6,7 +6,7 @@
 
 use streaming_etl_core::{AggSpec, EngineConfig, TypedColumn};
 
-use super::plan::{Body, SqlStatement, Statement};
+use super::statement::{Body, SqlStatement, Statement};
 
 /// Plans an engine statement: the engine decodes its keys and its aggregates' columns only.
 pub(super) fn plan(

@@ -22,6 +22,7 @@ mod on_engine;
 mod plan;
 mod shape;
 mod staged;
+mod statement;
 mod targets;
 mod text;
 mod transform;
@@ -30,5 +31,6 @@ mod window_join;
 
 pub use keyed::{Keyed, MESSAGE_KEY_COLUMN};
 pub use on_duckdb::events_columns;
-pub use plan::{plan, Body, Given, SqlJob, SqlStatement};
+pub use plan::{plan, Given, SqlJob};
+pub use statement::{Body, SqlStatement};
 pub use targets::check_targets;

@@ -14,7 +14,7 @@ use super::ast;
 use super::duck;
 use super::on_duckdb::{close, row_step};
 use super::on_engine::stream_column_of;
-use super::plan::{stage_every_event, Body, SqlStatement, Statement};
+use super::statement::{stage_every_event, Body, SqlStatement, Statement};
 
 /// Plans a staged statement: its row step and its close, and what a retracted window row
 /// writes.

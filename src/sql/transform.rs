@@ -10,7 +10,7 @@ use streaming_etl_core::{
 
 use super::duck;
 use super::on_duckdb::replace_stream;
-use super::plan::{stage_every_event, Body, SqlStatement, Statement};
+use super::statement::{stage_every_event, Body, SqlStatement, Statement};
 use crate::params::quote_ident;
 
 /// The window of a transform-only job (its windows are never written): a day, so that the

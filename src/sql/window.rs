@@ -11,8 +11,8 @@ use streaming_etl_core::{EngineConfig, KeyColumn, Result, TypedColumn, WindowKin
 use super::ast;
 use super::duck;
 use super::on_engine::{calls_aggregate, engine_aggregates, stream_column_of, upsert_key};
-use super::plan::{SqlStatement, Statement};
 use super::shape::{WindowFn, BOUNDS};
+use super::statement::{SqlStatement, Statement};
 
 /// Plans a windowed statement.
 pub(super) fn plan(st: Statement<'_>, cfg: &mut EngineConfig) -> Result<SqlStatement> {

@@ -12,7 +12,7 @@ use streaming_etl_core::{EngineConfig, EtlError, Result};
 
 use super::ast;
 use super::duck;
-use super::plan::{stage_every_event, Body, SqlStatement, Statement};
+use super::statement::{stage_every_event, Body, SqlStatement, Statement};
 use crate::params::quote_ident;
 
 /// Plans a window join: the engine keeps no keys (the join's are DuckDB's, at close).
