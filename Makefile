@@ -237,6 +237,7 @@ bench: release tools configure $(NEXMARK)
 	$(PY) scripts/bench_emit.py
 	$(PY) scripts/bench_upsert.py
 	$(PY) scripts/bench_changelog.py
+	$(PY) scripts/bench_window_join.py
 	$(PY) scripts/bench_sql_aggregates.py
 	$(PY) scripts/bench_sql_jobs.py
 	$(PY) scripts/bench_sql_sets.py
