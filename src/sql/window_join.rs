@@ -105,8 +105,33 @@ fn close(st: &Statement<'_>, other: &str) -> Result<Value> {
     if let Some(from) = template.get("from_table") {
         ast::table_refs(from, &mut relations, &mut joins);
     }
+    // Both sides of a joined pair are one window row's events: with `subscribe` a partition's
+    // windows are its own, and two partitions' windows of one start are not joined.
+    let (_, same_window) = duck::parse(
+        st.conn,
+        &format!(
+            "SELECT 1 FROM __se_m AS {a} JOIN __se_m AS {b} ON (true) AND {a}.__se_w = {b}.__se_w"
+        ),
+    )
+    .map_err(EtlError::Duck)?;
+    let mut same_window = same_window
+        .get("from_table")
+        .and_then(|f| f.get("condition"))
+        .cloned()
+        .unwrap_or(Value::Null);
     let mut out = st.node.clone();
     if let Some(from) = out.get_mut("from_table") {
+        let on = from.get("condition").cloned().unwrap_or(Value::Null);
+        if let Some(first) = same_window
+            .get_mut("children")
+            .and_then(Value::as_array_mut)
+            .and_then(|c| c.first_mut())
+        {
+            *first = on;
+        }
+        if let Some(o) = from.as_object_mut() {
+            o.insert("condition".into(), same_window);
+        }
         for (side, read) in ["left", "right"].iter().zip(&relations) {
             if let Some(t) = from.get_mut(*side) {
                 let name = ast::text(t, "alias").to_string();

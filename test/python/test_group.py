@@ -472,3 +472,42 @@ def test_a_changelog_kept_by_a_group_equals_the_upstream_table(tmp_path, postgre
                          env=env, capture_output=True, text=True, timeout=300)
     assert ("with subscribe := true, INSERT OR REPLACE INTO lake.plain reads a changelog keyed by its rows' key "
             "(envelope := 'debezium' or 'upsert')") in run.stderr, run.stderr
+
+
+def test_a_window_join_in_a_group_joins_each_partitions_windows_as_one_process(tmp_path, postgres, mock):
+    """A window join with `subscribe`: a partition's windows are its own, so the join pairs the
+    events of one partition (orders and payments keyed by customer); two members at once, then a
+    third run, write the rows of one straight process."""
+    import json
+    import random
+
+    from group import RUN_JOB, produce, partition_of  # noqa: F401
+    rng = random.Random(71)
+    parts = [[] for _ in range(PARTITIONS)]
+    for i in range(6000):
+        c = f"c{rng.randrange(60)}"
+        e = {"kind": rng.choice(["order", "payment"]), "customer": c, "paid": rng.randint(1, 50),
+             "ts": 1_700_000_000_000 + i * 5}
+        parts[partition_of(c)].append(json.dumps(e))
+    topic = "w" + uuid.uuid4().hex[:8]
+    mock.create_topic(topic, PARTITIONS)
+    produce(mock.bootstrap, topic, parts)
+    catalog, data, con = new_lake(tmp_path, postgres)
+    env = lake_env(catalog, data)
+    text = """INSERT INTO lake.{p}paid SELECT o.customer, o.window_start, count(*) AS pairs, sum(p.paid) AS paid
+        FROM TUMBLE(stream, event_time, INTERVAL 1 SECOND) AS o JOIN TUMBLE(stream, event_time, INTERVAL 1 SECOND) AS p
+          ON o.customer = p.customer AND o.window_start = p.window_start
+        WHERE o.kind = 'order' AND p.kind = 'payment' GROUP BY ALL"""
+    common = [f"brokers='{mock.bootstrap}'", "subscribe=true", f"kafka={GROUP_KAFKA}", "time_field='ts'",
+              "columns={'kind': 'VARCHAR', 'customer': 'VARCHAR', 'paid': 'BIGINT'}", "lateness_ms=0"]
+    for prefix, job, names in (("", "wj", ["a", "b"]), ("s_", "wjs", ["s"])):
+        f = tmp_path / f"{job}.sql"
+        f.write_text(text.format(p=prefix))
+        args = [*common, f"job='{job}'", f"late_table='lake.{prefix}late_events'",
+                f"dead_letter_table='lake.{prefix}dead_letters'"]
+        bounded_runs(tmp_path, names, env, topic, args, form=("sql", f))
+        bounded_runs(tmp_path, [n + "2" for n in names[:1]], env, topic, [*args, "flush=true"], form=("sql", f))
+    rows = "SELECT customer, epoch_ms(window_start), pairs, paid, partition FROM lake.{p}paid"
+    got = sorted(con.execute(rows.format(p="")).fetchall())
+    want = sorted(con.execute(rows.format(p="s_")).fetchall())
+    assert len(got) > 100 and got == want
