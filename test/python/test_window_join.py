@@ -2,8 +2,8 @@
 joined on window_start. Over orders and payments in one stream (5% of events 2-4 s late), each
 join kind's rows equal DuckDB's batch join over the events each window kept (the late ones are in
 late_events, once); a job killed at random instants, or run in pieces with running rows
-(`emit := 'update'`), ends with the rows of one straight run. Runs on every host `make test`
-uses."""
+(`emit := 'update'`), ends with the rows of one straight run; late corrections apply late events
+to closed windows as either side. Runs on every host `make test` uses."""
 import json
 import random
 
@@ -125,4 +125,25 @@ def test_a_window_join_killed_or_run_in_pieces_with_running_rows_ends_as_a_strai
     while run(con, topic, JOINS["inner"], emit="'update'", max_messages=700)[-1][-1] != "caught_up":
         pass
     run(con, topic, JOINS["inner"], emit="'update'", flush="true")
+    assert rows(con, "SELECT customer, window_start, pairs, paid FROM joined") == want
+
+
+def test_late_corrections_apply_late_events_to_both_sides_of_closed_windows(tmp_path):
+    """`late_updates_ms` longer than any event is late: every late event is applied to its closed
+    window (as either side), and the final rows are DuckDB's batch join over every event."""
+    topic, lines = events(tmp_path, seed=4)
+    con = connect(tmp_path / "c.duckdb")
+    named = {"emit": "'update'", "late_updates_ms": 5000}
+    while run(con, topic, JOINS["inner"], max_messages=700, **named)[-1][-1] != "caught_up":
+        pass
+    run(con, topic, JOINS["inner"], flush="true", **named)
+    assert con.execute("SELECT count(*), count(*) FILTER (WHERE applied) FROM late_events").fetchone()[1] > 100
+    con.execute("CREATE TEMP TABLE placed (kind VARCHAR, id BIGINT, order_id BIGINT, customer VARCHAR, paid BIGINT, "
+                "event_time TIMESTAMPTZ)")
+    con.executemany("INSERT INTO placed VALUES (?, ?, ?, ?, ?, make_timestamptz(? * 1000))",
+                    [(e["kind"], e.get("id"), e.get("order_id"), e["customer"], e.get("paid"), e["ts"])
+                     for e in map(json.loads, lines)])
+    con.execute("CREATE TEMP MACRO tumble(t, ts, size) AS TABLE "
+                "SELECT *, time_bucket(size, event_time) AS window_start FROM query_table(t)")
+    want = rows(con, JOINS["inner"].replace("stream", "placed"))
     assert rows(con, "SELECT customer, window_start, pairs, paid FROM joined") == want
