@@ -429,6 +429,12 @@ fn write_keyed(
     verb: Verb,
     known: Option<Facts>,
 ) -> Result<u64> {
+    // (Rows of no key match no row: a MERGE needs one.)
+    let verb = if schema.primary_key.is_empty() {
+        Verb::Insert
+    } else {
+        verb
+    };
     let query = cast_columns(schema, &with_given(schema, query));
     let keyed = verb != Verb::Insert && !schema.primary_key.is_empty();
     let select = select_list(schema);

@@ -91,6 +91,8 @@ pub struct Shape {
     /// A window join: the name the stream's second read is qualified by (the first is
     /// `stream`), both in the same window, joined on their `window_start`.
     pub join: Option<String>,
+    /// Its rows are grouped (GROUP BY, or GROUP BY ALL); a window join's may be its joined rows.
+    pub grouped: bool,
 }
 
 /// Why a statement cannot run as a job: the construct, and what to do.
@@ -275,6 +277,7 @@ pub fn shape(
             group_by: None,
             select,
             join: None,
+            grouped: false,
         });
     };
     for (_, e) in &select {
@@ -340,7 +343,15 @@ pub fn shape(
     if grouped && !select.iter().any(|(_, e)| is_start(e)) {
         return refuse("a windowed statement selects window_start: its rows are a window's, and with write_mode := 'upsert' window_start is part of their key".to_string());
     }
-    if !grouped {
+    // A window join may select its joined rows, each with its window_start.
+    let joined_rows = join.is_some()
+        && !grouped
+        && exprs.is_empty()
+        && !group_all
+        && having.is_none()
+        && !aggregates
+        && select.iter().any(|(_, e)| is_start(e));
+    if !grouped && !joined_rows {
         return refuse(format!(
             "a windowed statement must be grouped by window_start: ... FROM {}(stream, event_time, ...) GROUP BY window_start, <keys> (or GROUP BY ALL with window_start selected)",
             wf.name()
@@ -418,6 +429,7 @@ pub fn shape(
         group_by: if group_all { None } else { Some(exprs) },
         select,
         join,
+        grouped: !joined_rows,
     })
 }
 

@@ -24,6 +24,10 @@ pub(super) fn plan(
     let Some(other) = st.sh.join.clone() else {
         return Err(st.fail("a window join without its second side"));
     };
+    if !st.sh.grouped && cfg.revisions() {
+        // (A running row of an outer join's unmatched event would stay once it is matched.)
+        return Err(st.fail("a window join that selects its joined rows writes each window's rows once, as it closes: emit := 'update' and late_updates_ms need GROUP BY window_start, ... (each window's rows replaced by their key)"));
+    }
     cfg.keys = Vec::new();
     cfg.columns = std::mem::take(&mut st.used);
     stage_every_event(cfg, &st.typing)?;
@@ -60,6 +64,8 @@ pub(super) fn plan(
         })
         .collect();
     let columns = std::mem::take(&mut st.columns);
+    // (Joined rows are appended: each is written once, and two may be alike.)
+    let key = if st.sh.grouped { key } else { Vec::new() };
     Ok(st.planned(
         columns,
         key,

@@ -29,6 +29,10 @@ JOINS = {
         FROM TUMBLE(stream, event_time, INTERVAL 1 SECOND) AS o ANTI JOIN TUMBLE(stream, event_time, INTERVAL 1 SECOND) AS p
           ON p.kind = 'payment' AND p.customer = o.customer AND o.window_start = p.window_start
         WHERE o.kind = 'order' GROUP BY ALL""",
+    "rows": """SELECT o.id, o.customer, p.paid, o.window_start
+        FROM TUMBLE(stream, event_time, INTERVAL 1 SECOND) AS o JOIN TUMBLE(stream, event_time, INTERVAL 1 SECOND) AS p
+          ON p.order_id = o.id AND o.window_start = p.window_start
+        WHERE o.kind = 'order' AND p.kind = 'payment'""",
     "hop": """SELECT o.customer, o.window_start, count(*) AS pairs
         FROM HOP(stream, event_time, INTERVAL 500 MILLISECOND, INTERVAL 2 SECOND) AS o
         JOIN HOP(stream, event_time, INTERVAL 500 MILLISECOND, INTERVAL 2 SECOND) AS p
