@@ -224,29 +224,38 @@ pub(super) fn close(node: &Value, sh: &Shape, conn: &Connection) -> Result<Value
             o.insert("from_table".into(), from.clone());
         }
         o.insert("where_clause".into(), Value::Null);
-        if let Some(l) = o.get_mut("select_list").and_then(Value::as_array_mut) {
-            l.push(w.clone());
-        }
-        let explicit = o
+    }
+    select_last(&mut out, w);
+    Ok(out)
+}
+
+/// Appends `item` to a query node's SELECT list, and to its GROUP BY when it has an explicit
+/// one (the window row a close query selects last and groups by).
+pub(super) fn select_last(node: &mut Value, item: Value) {
+    let Some(o) = node.as_object_mut() else {
+        return;
+    };
+    if let Some(l) = o.get_mut("select_list").and_then(Value::as_array_mut) {
+        l.push(item.clone());
+    }
+    let explicit = o
+        .get("group_expressions")
+        .and_then(Value::as_array)
+        .is_some_and(|g| !g.is_empty());
+    if explicit {
+        let g = o
             .get("group_expressions")
             .and_then(Value::as_array)
-            .is_some_and(|g| !g.is_empty());
-        if explicit {
-            let g = o
-                .get("group_expressions")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            if let Some(l) = o.get_mut("group_expressions").and_then(Value::as_array_mut) {
-                l.push(w);
-            }
-            if let Some(sets) = o.get_mut("group_sets").and_then(Value::as_array_mut) {
-                for set in sets.iter_mut() {
-                    if let Some(s) = set.as_array_mut() {
-                        s.push(Value::from(g as u64));
-                    }
+            .map_or(0, Vec::len);
+        if let Some(l) = o.get_mut("group_expressions").and_then(Value::as_array_mut) {
+            l.push(item);
+        }
+        if let Some(sets) = o.get_mut("group_sets").and_then(Value::as_array_mut) {
+            for set in sets.iter_mut() {
+                if let Some(s) = set.as_array_mut() {
+                    s.push(Value::from(g as u64));
                 }
             }
         }
     }
-    Ok(out)
 }

@@ -43,8 +43,25 @@ pub(super) fn plan(
     let rows = duck::describe(st.conn, &row_sql).map_err(|m| st.fail(m))?;
     let close_node = close(&st.node, &st.sh, st.conn)?;
     let close_sql = duck::print(st.conn, &st.answer, &close_node).map_err(|m| st.fail(m))?;
-    let retract = st
-        .sh
+    let retract = retracted(&st, key_cols);
+    let columns = std::mem::take(&mut st.columns);
+    Ok(st.planned(
+        columns,
+        key,
+        Body::Staged {
+            row_step: row_sql,
+            rows,
+            close: close_sql,
+        },
+        retract,
+    ))
+}
+
+/// What a retracted window row (a session merged into another) writes in each of the
+/// statement's columns: its window bounds and its keys (`key_cols`, the engine's) from the
+/// engine's row (`r.c0, ...`), NULL elsewhere.
+pub(super) fn retracted(st: &Statement<'_>, key_cols: &[TypedColumn]) -> Vec<String> {
+    st.sh
         .select
         .iter()
         .zip(&st.described)
@@ -61,16 +78,5 @@ pub(super) fn plan(
                 },
             }
         })
-        .collect();
-    let columns = std::mem::take(&mut st.columns);
-    Ok(st.planned(
-        columns,
-        key,
-        Body::Staged {
-            row_step: row_sql,
-            rows,
-            close: close_sql,
-        },
-        retract,
-    ))
+        .collect()
 }

@@ -12,6 +12,8 @@ use streaming_etl_core::{EngineConfig, EtlError, Result};
 
 use super::ast;
 use super::duck;
+use super::on_duckdb::select_last;
+use super::staged::retracted;
 use super::statement::{stage_every_event, Body, SqlStatement, Statement};
 use crate::params::quote_ident;
 
@@ -49,20 +51,7 @@ pub(super) fn plan(
     let rows = duck::describe(st.conn, &row_sql).map_err(|m| st.fail(m))?;
     let close_node = close(&st, &other)?;
     let close_sql = duck::print(st.conn, &st.answer, &close_node).map_err(|m| st.fail(m))?;
-    let retract = st
-        .sh
-        .select
-        .iter()
-        .zip(&st.described)
-        .map(|((_, e), (_, ty))| {
-            let bound = ast::column_names(e).and_then(|n| n.last().map(|c| c.to_ascii_lowercase()));
-            match bound.as_deref() {
-                Some("window_start") => "make_timestamptz(r.c0 * 1000)".to_string(),
-                Some("window_end") => "make_timestamptz(r.c1 * 1000)".to_string(),
-                _ => format!("CAST(NULL AS {ty})"),
-            }
-        })
-        .collect();
+    let retract = retracted(&st, &[]);
     let columns = std::mem::take(&mut st.columns);
     // (Joined rows are appended: each is written once, and two may be alike.)
     let key = if st.sh.grouped { key } else { Vec::new() };
@@ -150,30 +139,6 @@ fn close(st: &Statement<'_>, other: &str) -> Result<Value> {
             }
         }
     }
-    if let Some(o) = out.as_object_mut() {
-        if let Some(l) = o.get_mut("select_list").and_then(Value::as_array_mut) {
-            l.push(w.clone());
-        }
-        let explicit = o
-            .get("group_expressions")
-            .and_then(Value::as_array)
-            .is_some_and(|g| !g.is_empty());
-        if explicit {
-            let g = o
-                .get("group_expressions")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            if let Some(l) = o.get_mut("group_expressions").and_then(Value::as_array_mut) {
-                l.push(w);
-            }
-            if let Some(sets) = o.get_mut("group_sets").and_then(Value::as_array_mut) {
-                for set in sets.iter_mut() {
-                    if let Some(s) = set.as_array_mut() {
-                        s.push(Value::from(g as u64));
-                    }
-                }
-            }
-        }
-    }
+    select_last(&mut out, w);
     Ok(out)
 }
