@@ -346,8 +346,7 @@ impl OpenConsumer {
                 // A record's schema is known before the record goes on (decoding never waits
                 // on the network); a registry out of reach fails the run here, before this
                 // offset is consumed, so the next run reads it again.
-                // (A key in the registry's wire format is read with its own schema: a
-                // tombstone's delete, the stream's `key`.)
+                // (A key in the wire format is read with its own schema: a tombstone, `key`.)
                 let wire_id = |b: &[u8]| match b.get(..5) {
                     Some([0, a, b, c, d]) => Some(u32::from_be_bytes([*a, *b, *c, *d])),
                     _ => None,
