@@ -134,7 +134,11 @@ def test_duckdb_checkpoints_while_a_follow_run_writes(tmp_path, mode, first_run)
         watcher.execute("CHECKPOINT")
         assert run.thread.is_alive()
         wal = f"{db}.wal"
-        assert not os.path.exists(wal) or os.path.getsize(wal) < 64 * 1024, os.path.getsize(wal)
+        try:
+            size = os.path.getsize(wal)
+        except FileNotFoundError:
+            size = 0    # (a checkpoint removed it)
+        assert size < 64 * 1024, size
     run.join()
     con.execute(sql + ", flush := true)").fetchall()
     assert totals(con) == (40, 0, 0)
