@@ -4,9 +4,7 @@
 #![forbid(unsafe_code)]
 
 use serde_json::Value;
-use streaming_etl_core::{
-    EngineConfig, Envelope, EtlError, FieldPath, Result, TypedColumn, WindowKind, TOMBSTONE_FIELD,
-};
+use streaming_etl_core::{EngineConfig, Envelope, EtlError, Result, WindowKind, TOMBSTONE_FIELD};
 
 use super::duck;
 use super::on_duckdb::replace_stream;
@@ -23,22 +21,18 @@ pub(super) fn plan(mut st: Statement<'_>, cfg: &mut EngineConfig) -> Result<SqlS
     match cfg.envelope {
         // (A Debezium row's columns are read from after or before as op says: all kept.)
         Envelope::Debezium => {}
-        // (A keyed statement deletes the key of a tombstone.)
+        // (A keyed statement also reads the tombstone flag, to delete a tombstone's key, and a
+        // member the message key it checks each row's key against.)
         Envelope::Upsert if st.text.replace => {
-            // (A member checks each row's key against its message key.)
-            let message_key = cfg
+            let kept = cfg
                 .columns
                 .iter()
-                .filter(|c| st.subscribe && c.message_key)
+                .filter(|c| c.name == TOMBSTONE_FIELD || st.subscribe && c.message_key)
                 .filter(|c| !used.iter().any(|u| u.name == c.name))
                 .cloned()
                 .collect::<Vec<_>>();
             cfg.columns = used;
-            cfg.columns.extend(message_key);
-            if let Some(p) = FieldPath::parse(TOMBSTONE_FIELD) {
-                cfg.columns
-                    .push(TypedColumn::new(p, TOMBSTONE_FIELD, "BOOLEAN"));
-            }
+            cfg.columns.extend(kept);
         }
         _ => cfg.columns = used,
     }
