@@ -187,7 +187,21 @@ fn sql_err(path: &str) -> impl Fn(rusqlite::Error) -> EtlError + '_ {
     move |e| EtlError::checkpoint(path, e)
 }
 
+/// Creates or upgrades the tables in one transaction: a reader that opens the file while a new
+/// job creates it (`streaming_etl_checkpoint()` polled during a first run) sees every table or
+/// none, never `jobs` without `partitions`.
 fn create_schema(conn: &Connection, path: &str) -> Result<()> {
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(|e| EtlError::checkpoint(path, format!("cannot write it: {e}")))?;
+    let made = create_tables(conn, path);
+    let end = if made.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    let ended = conn
+        .execute_batch(end)
+        .map_err(|e| EtlError::checkpoint(path, format!("cannot write it: {e}")));
+    made.and(ended)
+}
+
+fn create_tables(conn: &Connection, path: &str) -> Result<()> {
     conn.execute_batch(SCHEMA)
         .map_err(|e| EtlError::checkpoint(path, format!("cannot write it: {e}")))?;
     for (table, column, decl) in ADDED_COLUMNS {
@@ -894,6 +908,29 @@ mod tests {
                 .query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))
                 .unwrap();
             assert_eq!(pages * size, 4 << 20, "{name}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A reader polling a checkpoint while its first run creates it sees no rows or all its
+    /// tables, never a `jobs` table without `partitions` ("no such table: partitions").
+    #[test]
+    fn a_checkpoint_being_created_reads_as_none_or_whole() {
+        let dir = std::env::temp_dir().join(format!("setl-new-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..40 {
+            let path = dir.join(format!("c{i}")).to_string_lossy().into_owned();
+            let location = CheckpointLocation::File(path.clone());
+            let writer = {
+                let path = path.clone();
+                std::thread::spawn(move || Checkpoint::open_file(&path).map(|_| ()))
+            };
+            while !writer.is_finished() {
+                if let Err(e) = inspect(&location, None, None) {
+                    panic!("{e}");
+                }
+            }
+            writer.join().unwrap().unwrap();
         }
         let _ = std::fs::remove_dir_all(dir);
     }
