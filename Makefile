@@ -238,6 +238,7 @@ bench: release tools configure $(NEXMARK)
 	$(PY) scripts/bench_upsert.py
 	$(PY) scripts/bench_changelog.py
 	$(PY) scripts/bench_window_join.py
+	$(PY) scripts/bench_nexmark_joins.py
 	$(PY) scripts/bench_sql_aggregates.py
 	$(PY) scripts/bench_sql_jobs.py
 	$(PY) scripts/bench_sql_sets.py

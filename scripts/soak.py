@@ -138,6 +138,18 @@ def heap_in_use_mb():
     """glibc's heap in use in this process (`mallinfo2()`: the arenas' allocated bytes and the
     mmapped chunks): the extension's Rust heap, SQLite, librdkafka and DuckDB's C++ objects that
     live outside its buffer manager."""
+    m = mallinfo2()
+    return round((m.uordblks + m.hblkhd) / 1e6, 2) if m else None
+
+
+def heap_free_mb():
+    """The bytes glibc's arenas hold free (`mallinfo2().fordblks`): freed by the program, kept by
+    the allocator, resident where they were touched."""
+    m = mallinfo2()
+    return round(m.fordblks / 1e6, 2) if m else None
+
+
+def mallinfo2():
     import ctypes
 
     class MallInfo2(ctypes.Structure):
@@ -146,8 +158,7 @@ def heap_in_use_mb():
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallinfo2.restype = MallInfo2
-        m = libc.mallinfo2()
-        return round((m.uordblks + m.hblkhd) / 1e6, 2)
+        return libc.mallinfo2()
     except (OSError, AttributeError):
         return None
 
@@ -166,8 +177,14 @@ def job_in_process_main(spec):
     started = time.time()
     queues = "duckdb_eviction_queues" in {r[0] for r in con.execute(
         "SELECT function_name FROM duckdb_functions()").fetchall()}
+    # SOAK_MALLOC_TRIM=1: the sampler gives glibc's free pages back before each sample, to tell
+    # memory the allocator keeps from memory in use.
+    trim = os.environ.get("SOAK_MALLOC_TRIM") == "1"
     while True:
         time.sleep(SAMPLE_S)
+        if trim:
+            import ctypes
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
         tracked = con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()").fetchall()[0][0]
         mem = {tag: round(used / 1e6, 1) for tag, used in con.execute(
             "SELECT tag, memory_usage_bytes FROM duckdb_memory() WHERE memory_usage_bytes > 0").fetchall()}
@@ -190,6 +207,7 @@ def job_in_process_main(spec):
                           "wal_mb": os.path.getsize(wal) / 1e6 if os.path.exists(wal) else 0,
                           "tmp_mb": dir_size(db + ".tmp") / 1e6, "memory_mb": mem, "tracked_mb": round(tracked / 1e6, 2),
                           "untracked_mb": round(rss - tracked / 1e6, 2) if rss else None, "heap_mb": heap_in_use_mb(),
+                          "heap_free_mb": heap_free_mb(),
                           "queue_nodes": nodes, "dead_nodes": dead, "queues": per_queue, "job": job}),
               flush=True)
 
@@ -607,7 +625,7 @@ def soak(variant, minutes, rate, kill_every, prepared, label=None, in_process=Fa
         # Issue 65's goals, from minute 2 to the end of the one process.
         result.update({
             "untracked_growth_mb": change("untracked_mb"), "untracked_anon_growth_mb": change("untracked_anon_mb"),
-            "heap_growth_mb": change("heap_mb"),
+            "heap_growth_mb": change("heap_mb"), "heap_free_growth_mb": change("heap_free_mb"),
             "queue_nodes_growth": change("queue_nodes"), "untracked_slope_mb_per_h": slope("untracked_mb"),
             "heap_slope_mb_per_h": slope("heap_mb"),
         })

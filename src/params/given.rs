@@ -108,6 +108,21 @@ impl<'a> Given<'a> {
         })
     }
 
+    /// A path, or several separated by commas (the first present is read).
+    pub(super) fn fields(&self, id: ParamId, default: &str) -> Result<Vec<FieldPath>> {
+        let text = self.text(id)?.unwrap_or_else(|| default.to_string());
+        text.split(',')
+            .map(|one| FieldPath::parse(one.trim()))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                EtlError::invalid(
+                    self.name(id),
+                    "must be a field name or a dotted path such as payload.value, or several separated by commas (the first present is read)",
+                    format!("'{text}'"),
+                )
+            })
+    }
+
     pub(super) fn table(&self, id: ParamId, default: TableName) -> Result<TableName> {
         let Some(text) = self.text(id)? else {
             return Ok(default);

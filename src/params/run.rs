@@ -192,7 +192,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
     let envelope = parse_envelope(&given)?;
     // A Debezium event's time is the change's (`ts_ms`: when the connector read it), unless
     // `time_field` names another (`source.ts_ms`: when the database made it).
-    let time_field = given.field(
+    let mut time_fields = given.fields(
         ParamId::TimeField,
         match envelope {
             Envelope::Debezium => "ts_ms",
@@ -227,7 +227,8 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
             idle_timeout_ms: given.positive(ParamId::IdleTimeoutMs)?,
         },
         window,
-        time_field: time_field.clone(),
+        time_field: time_fields.remove(0),
+        time_field_alternatives: time_fields,
         time_format,
         time_zone,
         kafka_timestamp,
@@ -247,6 +248,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         stage_all: false,
         typed_inputs: false,
         null_keys: false,
+        prefilter: Vec::new(),
         layers: Vec::new(),
     };
     if engine.revisions() && sql.is_none() {

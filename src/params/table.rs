@@ -198,7 +198,7 @@ pub const RUN_PARAMS: &[Param] = &[
     param(ParamId::Emit, "emit", ParamType::Varchar, "`close`", "`close` (a window's row when it closes) or `update` (also each cycle's running values) ([more](#typed-columns-aggregates-running-results))"),
     param(ParamId::LateUpdatesMs, "late_updates_ms", ParamType::BigInt, "none", "a late event this close to its window's end corrects the row"),
     param(ParamId::KeyField, "key_field", ParamType::Varchar, "`key`", "dotted path of the key (string or number; Kafka: the message key when absent; SQL: the stream's `key`)"),
-    param(ParamId::TimeField, "time_field", ParamType::Varchar, "`event_time_ms`", "dotted path of the event time (its form: `time_format`)"),
+    param(ParamId::TimeField, "time_field", ParamType::Varchar, "`event_time_ms`", "dotted path of the event time, or paths, comma-separated: the first present (form: `time_format`)"),
     param(ParamId::ValueField, "value_field", ParamType::Varchar, "`payload.value`", "dotted path of the number aggregated (missing or null: counted only)"),
     param(ParamId::TimeFormat, "time_format", ParamType::Varchar, "integer `epoch_ms`", "`epoch_ms`, `epoch_s`, `epoch_us`, `epoch_ns` (fractions truncated to ms) or `iso8601`"),
     param(ParamId::TimeZone, "time_zone", ParamType::Varchar, "none", "`iso8601`: the zone (`UTC`, IANA name) of times without `Z` or offset; else they are dead letters"),

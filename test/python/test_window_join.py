@@ -151,3 +151,41 @@ def test_late_corrections_apply_late_events_to_both_sides_of_closed_windows(tmp_
                 "SELECT *, time_bucket(size, event_time) AS window_start FROM query_table(t)")
     want = rows(con, JOINS["inner"].replace("stream", "placed"))
     assert rows(con, "SELECT customer, window_start, pairs, paid FROM joined") == want
+
+
+@pytest.mark.parametrize("kind", ["inner", "left", "anti"])
+def test_events_neither_side_reads_are_neither_staged_nor_late(tmp_path, kind):
+    """Events no side of the join can read (refunds, which both sides' kind tests drop, and pings
+    without a customer, which `o.customer = p.customer` cannot match) are not staged and not late,
+    as a WHERE drops them; the rows and late events are those of the feed without them. They
+    repeat a time of their file, so the watermarks move as without them; a third of them are late."""
+    topic, _ = events(tmp_path)
+    rng = random.Random(5)
+    more = tmp_path / "more"
+    more.mkdir()
+    for p in (tmp_path / "in").iterdir():
+        out = []
+        for line in p.read_text().splitlines():
+            out.append(line)
+            if rng.random() < 0.3:
+                e = json.loads(line)
+                t = e["ts"] - (3000 if rng.random() < 0.3 else 0)
+                extra = {"kind": "refund", "customer": e["customer"], "paid": 1, "ts": t} if rng.random() < 0.5 \
+                    else {"kind": "ping", "ts": t}
+                out.append(json.dumps(extra))
+        (more / p.name).write_text("\n".join(out) + "\n")
+    sql = JOINS[kind]
+    if kind == "left":
+        # (Its ON matches on the order id: the pings, without one, cannot match either.)
+        sql = sql.replace("p.order_id = o.id", "p.customer = o.customer AND p.order_id = o.id")
+    got = {}
+    for name, source in (("without", topic), ("with", f"file:{more}/*.ndjson")):
+        con = connect(tmp_path / f"{name}.duckdb")
+        run(con, source, sql, max_messages=3000)
+        kinds = con.execute("SELECT DISTINCT kind FROM streaming_etl_staged_joined ORDER BY ALL").fetchall()
+        assert kinds and set(kinds) <= {("order",), ("payment",)}, kinds
+        run(con, source, sql, flush="true")
+        late = sorted(con.execute("SELECT payload_json, window_start_ms FROM late_events").fetchall())
+        got[name] = (rows(con), late)
+        con.close()
+    assert got["with"] == got["without"] and len(got["with"][1]) > 50

@@ -7,6 +7,7 @@ use crate::aggregate::AggSpec;
 use crate::columns::{Repr, ResolverHandle, TypedColumn};
 use crate::decode::FieldPath;
 use crate::format::{Envelope, Format, Schemas};
+use crate::prefilter::NullTests;
 use crate::rows::{Column, ColumnType, Role, TableSchema};
 use crate::state::OutputSchemas;
 use crate::time::{TimeFormat, Zone};
@@ -77,6 +78,10 @@ pub struct EngineConfig {
     pub time: TimeSpec,
     pub window: WindowKind,
     pub time_field: FieldPath,
+    /// Where else the event time may be, tried in order when `time_field` is missing: a topic
+    /// of several kinds of record, each with its time in a field of its own (Nexmark's
+    /// `Person.date_time`, `Auction.date_time`, `Bid.date_time`).
+    pub time_field_alternatives: Vec<FieldPath>,
     pub time_format: TimeFormat,
     /// The zone ISO times without an offset are read in (None: they are dead letters).
     pub time_zone: Option<Zone>,
@@ -120,6 +125,9 @@ pub struct EngineConfig {
     /// A NULL typed key is a key (a job written as SQL groups NULLs as SQL does), not a dead
     /// letter.
     pub null_keys: bool,
+    /// The events a statement can read at all (a job written as SQL; empty: every event): the
+    /// others are not placed or staged, as if its WHERE dropped them.
+    pub prefilter: NullTests,
     /// A job of several statements over one read (empty: a job of one): each statement's own
     /// windows, keys and aggregates. This configuration then decodes every event once, into the
     /// typed columns of all of them; its keys are none and its aggregates theirs, in order.
@@ -153,6 +161,7 @@ impl EngineConfig {
             time,
             window: WindowKind::Tumbling,
             time_field,
+            time_field_alternatives: Vec::new(),
             time_format: TimeFormat::EpochMsInteger,
             time_zone: None,
             kafka_timestamp: false,
@@ -175,6 +184,7 @@ impl EngineConfig {
             stage_all: false,
             typed_inputs: false,
             null_keys: false,
+            prefilter: Vec::new(),
             layers: Vec::new(),
         }
     }
@@ -401,10 +411,19 @@ impl EngineConfig {
             window_ms: self.time.window_ms,
             lateness_ms: self.time.lateness_ms,
             key_field,
-            time_field: self.time_field.as_str().to_string(),
+            time_field: self.time_fields_text(),
             value_field: self.value_field.as_str().to_string(),
             extra,
         }
+    }
+
+    /// The time fields as the user gives them: one path, or several separated by commas.
+    pub fn time_fields_text(&self) -> String {
+        std::iter::once(&self.time_field)
+            .chain(&self.time_field_alternatives)
+            .map(FieldPath::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// The predecessor's job: fields `key`, `event_time_ms` and `payload.value`, no idle timeout

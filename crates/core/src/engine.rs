@@ -22,10 +22,6 @@ use crate::shard::{shard_of, LayerOf, Op, Shard, ShardWork, Windows};
 use crate::state::Batch;
 use crate::watermark::{PartitionClock, Watermarks};
 
-/// Where a partition stands in the event-time merge: its largest event time so far, then its
-/// index (the partition with the least goes next).
-pub(crate) type OrderKey = (i64, usize);
-
 /// Running totals of a run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Counters {
@@ -431,10 +427,18 @@ impl Engine {
             at: i as u32,
             watermark,
         };
+        let mut staged = false;
         if n == 1 && self.layers.len() == 1 {
-            self.epoch.ops[0].push(event(wm));
+            if self.layers[0].reads(chunk, i) {
+                self.epoch.ops[0].push(event(wm));
+                staged = true;
+            }
         } else {
             for (at, l) in self.layers.iter().enumerate() {
+                if !l.reads(chunk, i) {
+                    continue;
+                }
+                staged = true;
                 let shard = if n == 1 {
                     0
                 } else {
@@ -445,7 +449,7 @@ impl Engine {
         }
         self.marks.observe(idx, t);
         self.epoch.events += 1;
-        if self.staging {
+        if self.staging && staged {
             self.staged_since_take += 1;
         }
         if self.epoch.events >= EPOCH_EVENTS {
@@ -575,26 +579,9 @@ impl Engine {
         Ok(())
     }
 
-    #[inline]
-    pub(crate) fn order_key(&self, idx: usize) -> OrderKey {
-        (self.marks.max_event_time_ms(idx).unwrap_or(i64::MIN), idx)
-    }
-
-    /// The partition to read next (the least order key among those not `exhausted`), and the
-    /// order key it may run up to before another partition comes first.
-    pub(crate) fn in_order(&self, exhausted: &[bool]) -> (Option<OrderKey>, Option<OrderKey>) {
-        let mut best: Option<OrderKey> = None;
-        let mut second: Option<OrderKey> = None;
-        for (idx, _) in exhausted.iter().enumerate().filter(|(_, &done)| !done) {
-            let k = self.order_key(idx);
-            if best.is_none_or(|b| k < b) {
-                second = best;
-                best = Some(k);
-            } else if second.is_none_or(|s| k < s) {
-                second = Some(k);
-            }
-        }
-        (best, second)
+    /// The partitions' watermarks (and so the order they are read in).
+    pub(crate) fn marks(&self) -> &Watermarks {
+        &self.marks
     }
 
     /// Processes one message of the partition at `idx` by itself (tests).

@@ -6,9 +6,11 @@
 
 use std::sync::Arc;
 
+use crate::chunk::Chunk;
 use crate::codec::{CodecError, Reader, Writer};
 use crate::config::EngineConfig;
 use crate::pool::Actor;
+use crate::prefilter::Prefilter;
 use crate::rows::{ColumnType, Rows};
 use crate::shard::{Shard, ShardWork, Windows};
 use crate::state::{Batch, OutputSchemas};
@@ -31,14 +33,18 @@ pub(crate) struct Layer {
     pub floor_ms: i64,
     pub schemas: OutputSchemas,
     pub staged_types: Vec<ColumnType>,
+    /// The events it can read at all (None: every event), by the job's typed columns.
+    pub prefilter: Option<Prefilter>,
 }
 
 impl Layer {
     /// The layers of a job: its statements', or its own.
     pub(crate) fn of(cfg: &Arc<EngineConfig>) -> Vec<Layer> {
+        let job = Arc::clone(cfg);
         let one = |cfg: Arc<EngineConfig>, index, inputs_from| Layer {
             schemas: cfg.schemas(),
             staged_types: cfg.staged_schema().types(),
+            prefilter: Prefilter::new(&cfg.prefilter, &job.columns),
             cfg,
             index,
             inputs_from,
@@ -57,6 +63,14 @@ impl Layer {
                 layer
             })
             .collect()
+    }
+
+    /// Whether it reads message `i` of the chunk at all (see [`Prefilter`]).
+    #[inline]
+    pub(crate) fn reads(&self, chunk: &Chunk, i: usize) -> bool {
+        self.prefilter
+            .as_ref()
+            .is_none_or(|f| f.passes(chunk.typed(i)))
     }
 
     /// The watermark this layer's windows close by, the job's being `global_ms`.

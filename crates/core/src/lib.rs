@@ -5,7 +5,7 @@
 //!
 //! The modules stack without a loop, each using only those above it:
 //! `codec`, `error`, `message`, `tables`, `time`, `decode`, `rows`, `hll`, `sketch`, `filter` → `format`,
-//! `state`, `aggregate` → `config` → `record`, `chunk`, `pool` → `emit` → `window`, `session`,
+//! `state`, `aggregate`, `prefilter` → `config` → `record`, `chunk`, `pool` → `emit` → `window`, `session`,
 //! `watermark`, `source` → `parse`, `shard` → `engine` → `prefetch` → `pipeline`. They are
 //! private; what the other crates use is re-exported here.
 #![forbid(unsafe_code)]
@@ -28,6 +28,7 @@ mod parse;
 mod pipeline;
 mod pool;
 mod prefetch;
+mod prefilter;
 mod record;
 mod rows;
 mod session;
@@ -57,6 +58,7 @@ pub use format::{
 };
 pub use pipeline::{read_cycle, reported_watermark, CycleLimits, ReadState, Stop};
 pub use pool::{Actor, Pool};
+pub use prefilter::{NullTest, NullTests};
 pub use rows::{Cell, Column, ColumnType, OwnedCell, Role, RowCursor, Rows, TableSchema};
 pub use source::file::{FileOptions, FileSource};
 pub use source::glob::{fixed_prefix, glob, lexical_absolute, PathPolicy};

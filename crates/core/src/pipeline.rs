@@ -236,7 +236,7 @@ fn read(
         }
         // The partition to read next, and the order key it may run up to before another
         // partition comes first.
-        let (best, second) = engine.in_order(&state.exhausted);
+        let (best, second) = engine.marks().in_order(&state.exhausted);
         let Some((_, idx)) = best else {
             // Every partition is caught up.
             absorb_gaps(engine, source);

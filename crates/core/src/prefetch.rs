@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::chunk::{Chunk, Lent, Spare};
 use crate::config::EngineConfig;
-use crate::engine::{Engine, OrderKey};
+use crate::engine::Engine;
 use crate::error::{EtlError, Result};
 use crate::parse::ChunkParser;
 use crate::source::{Pull, Source};
+use crate::watermark::OrderKey;
 
 /// Bytes per chunk (a file's lines are read as one block of this size), and messages.
 const CHUNK_BYTES: usize = 64 << 10;
@@ -215,7 +216,7 @@ impl ReadAhead {
                     spent = true;
                     break;
                 }
-                if second.is_some_and(|s| engine.order_key(idx) >= s) {
+                if second.is_some_and(|s| engine.marks().order_key(idx) >= s) {
                     overtaken = true;
                     break;
                 }
@@ -234,7 +235,7 @@ impl ReadAhead {
                 // The caller would pick the same partition next (among the same ones); only
                 // one whose chunk is at hand is taken here, the rest (reading, waiting, its
                 // end) are the caller's.
-                let (best, after) = engine.in_order(exhausted);
+                let (best, after) = engine.marks().in_order(exhausted);
                 match best {
                     Some((_, next))
                         if next != idx

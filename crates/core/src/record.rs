@@ -65,6 +65,8 @@ pub(crate) struct FieldPlan {
     paths: Vec<FieldPath>,
     /// The time field's path (None: the Kafka record's timestamp is the time).
     time: Option<usize>,
+    /// The paths tried in order when the time field is missing (`time_field_alternatives`).
+    time_else: Vec<usize>,
     format: TimeFormat,
     zone: Option<Zone>,
     numeric_strings: bool,
@@ -175,6 +177,11 @@ impl FieldPlan {
             }
         };
         let time = (!cfg.kafka_timestamp).then(|| index(&cfg.time_field));
+        let time_else = if cfg.kafka_timestamp {
+            Vec::new()
+        } else {
+            cfg.time_field_alternatives.iter().map(&mut index).collect()
+        };
         let keys = cfg.keys.iter().map(|k| index(&k.path)).collect();
         let typed: Vec<TypedInput> = cfg
             .columns
@@ -233,6 +240,7 @@ impl FieldPlan {
         FieldPlan {
             paths,
             time,
+            time_else,
             format: cfg.time_format,
             zone: cfg.time_zone.clone(),
             numeric_strings: cfg.numeric_strings,
@@ -352,7 +360,8 @@ impl FieldPlan {
             }
         }
         let typed = self.typed.iter().map(|t| &t.path);
-        for &i in self.keys.iter().chain(self.time.as_ref()).chain(typed) {
+        let time = self.time.iter().chain(&self.time_else);
+        for &i in self.keys.iter().chain(time).chain(typed) {
             if i < 64 {
                 other |= 1 << i;
             }
@@ -365,6 +374,14 @@ impl FieldPlan {
         let name = |i: usize| self.paths.get(i).map_or("?", |p| p.as_str());
         match r {
             Reject::Syntax(e) => e.describe(),
+            Reject::Missing(Role::Time, _) if !self.time_else.is_empty() => {
+                let tried = std::iter::once(self.time)
+                    .flatten()
+                    .chain(self.time_else.iter().copied())
+                    .map(|i| format!("'{}'", name(i)))
+                    .collect::<Vec<_>>();
+                format!("missing event time field: none of {}", tried.join(", "))
+            }
             Reject::Missing(role, i) => format!("missing {} field '{}'", role.shown(), name(i)),
             Reject::Null(role, i) => format!("{} field '{}' is null", role.shown(), name(i)),
             Reject::WrongType(role, i, why) => {
@@ -436,13 +453,23 @@ impl FieldPlan {
     /// The event time, epoch milliseconds (`record_ms`: the Kafka record's timestamp).
     #[inline]
     pub fn time(&self, f: &Fields<'_>, record_ms: Option<i64>) -> Result<i64, Reject> {
-        let Some(i) = self.time else {
+        let Some(mut i) = self.time else {
             return match record_ms {
                 Some(t) if (MIN_EVENT_TIME_MS..=MAX_EVENT_TIME_MS).contains(&t) => Ok(t),
                 _ => Err(Reject::NoKafkaTimestamp),
             };
         };
-        let v = f.get(i);
+        let mut v = f.get(i);
+        if v.kind == Kind::Missing {
+            if let Some(&j) = self
+                .time_else
+                .iter()
+                .find(|&&j| f.get(j).kind != Kind::Missing)
+            {
+                i = j;
+                v = f.get(j);
+            }
+        }
         if v.duplicate {
             return Err(Reject::Duplicate(Role::Time, i));
         }
@@ -932,6 +959,37 @@ mod tests {
         let mut d = Decoder::new(plan.paths().to_vec());
         let f = d.decode(line.as_bytes()).unwrap();
         plan.time(&f, Some(7)).map_err(|e| plan.describe(e))
+    }
+
+    /// Listed time fields: the first one an event has is its time; a present but null one is
+    /// not skipped; an event with none names them all.
+    #[test]
+    fn the_first_listed_time_field_present_is_the_time() {
+        let p = |s: &str| FieldPath::parse(s).unwrap();
+        let mut cfg = config();
+        cfg.time_field = p("Person.date_time");
+        cfg.time_field_alternatives = vec![p("Auction.date_time"), p("Bid.date_time")];
+        assert_eq!(
+            cfg.time_fields_text(),
+            "Person.date_time, Auction.date_time, Bid.date_time"
+        );
+        assert_eq!(time_with(&cfg, r#"{"Person":{"date_time":5}}"#), Ok(5));
+        assert_eq!(time_with(&cfg, r#"{"Bid":{"date_time":9}}"#), Ok(9));
+        assert_eq!(
+            time_with(&cfg, r#"{"Auction":{"date_time":7},"Bid":{"date_time":9}}"#),
+            Ok(7)
+        );
+        assert_eq!(
+            time_with(
+                &cfg,
+                r#"{"Auction":{"date_time":null},"Bid":{"date_time":9}}"#
+            ),
+            Err("event time field 'Auction.date_time' is null".into())
+        );
+        assert_eq!(
+            time_with(&cfg, r#"{"Unknown":{"date_time":1}}"#),
+            Err("missing event time field: none of 'Person.date_time', 'Auction.date_time', 'Bid.date_time'".into())
+        );
     }
 
     #[test]

@@ -36,6 +36,10 @@ impl PartitionClock {
     }
 }
 
+/// Where a partition stands in the event-time merge: its largest event time so far, then its
+/// index (the partition with the least goes next).
+pub(crate) type OrderKey = (i64, usize);
+
 pub(crate) struct Watermarks {
     lateness_ms: i64,
     idle_timeout_ms: Option<i64>,
@@ -48,6 +52,28 @@ pub(crate) struct Watermarks {
 }
 
 impl Watermarks {
+    #[inline]
+    pub(crate) fn order_key(&self, idx: usize) -> OrderKey {
+        (self.max_event_time_ms(idx).unwrap_or(i64::MIN), idx)
+    }
+
+    /// The partition to read next (the least order key among those not `exhausted`), and the
+    /// order key it may run up to before another partition comes first.
+    pub(crate) fn in_order(&self, exhausted: &[bool]) -> (Option<OrderKey>, Option<OrderKey>) {
+        let mut best: Option<OrderKey> = None;
+        let mut second: Option<OrderKey> = None;
+        for (idx, _) in exhausted.iter().enumerate().filter(|(_, &done)| !done) {
+            let k = self.order_key(idx);
+            if best.is_none_or(|b| k < b) {
+                second = best;
+                best = Some(k);
+            } else if second.is_none_or(|s| k < s) {
+                second = Some(k);
+            }
+        }
+        (best, second)
+    }
+
     /// `floor_ms` is the global watermark the job had reached before (NO_WATERMARK if none).
     pub fn new(
         lateness_ms: i64,
