@@ -28,6 +28,10 @@ import benchlib  # noqa: E402
 from docs_section import write_section  # noqa: E402
 
 COLUMNS = "{'payload.value AS value': 'DOUBLE', 'customer.id AS customer': 'VARCHAR'}"
+# The same job declaring every field of the orders as a user declares read_json's columns: the
+# aggregates read two of the seven.
+COLUMNS_ALL = ("{'payload.value AS value': 'DOUBLE', 'customer.id AS customer': 'VARCHAR', 'region': 'VARCHAR', "
+               "'item.sku AS sku': 'VARCHAR', 'amount': 'DOUBLE', 'status': 'VARCHAR', 'coupon': 'VARCHAR'}")
 DUCK_AGGS = "['count(*) AS count', 'median(value) AS median_value', 'count(DISTINCT customer) AS customers']"
 
 
@@ -64,7 +68,9 @@ def staged_child(db, topic, named):
 def speed(events):
     topic = f"file:{benchlib.orders_data(events)}/*.ndjson"
     jobs = [("built-in: count, sum, min, max (the engine's)", {}),
-            ("DuckDB: median(value), count(DISTINCT customer)", {"columns": COLUMNS, "aggregates": DUCK_AGGS})]
+            ("DuckDB: median(value), count(DISTINCT customer)", {"columns": COLUMNS, "aggregates": DUCK_AGGS}),
+            ("the same, declaring 7 columns (5 read by no aggregate: converted, not staged)",
+             {"columns": COLUMNS_ALL, "aggregates": DUCK_AGGS})]
     best = benchlib.best_runs("sqlaggs", topic, jobs, 1000, 200)
     base = best[jobs[0][0]]["stats"]["events_consumed"] / best[jobs[0][0]]["wall_s"]
     out = []

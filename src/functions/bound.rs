@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use streaming_etl_core::{EtlError, Result};
+use streaming_etl_core::{EngineConfig, EtlError, Result};
 use streaming_etl_runtime::checkpoint::Checkpoint;
 use streaming_etl_runtime::config::CheckpointLocation;
 
@@ -222,6 +222,8 @@ pub fn bind_run(host: &Arc<Host>, args: &dyn Args, function: &str) -> Result<Run
             let pooled = host.checkout()?;
             bind_typed(pooled.conn()?, &mut plan.job.engine)?;
             plan.rebind_settings(None);
+            // (After the settings: a job's settings name the columns it declares.)
+            stage_only_what_is_read(pooled.conn()?, &mut plan.job.engine);
             None
         }
         None => None,
@@ -253,4 +255,31 @@ pub fn bind_run(host: &Arc<Host>, args: &dyn Args, function: &str) -> Result<Run
         sql: sql.map(Arc::new),
         background,
     })
+}
+
+/// A parameter job stages only the typed columns its keys and DuckDB aggregates read (the
+/// others are declared as for `read_json`: still decoded and converted, so that a value that does
+/// not convert is a dead letter, but not copied into DuckDB with every event).
+fn stage_only_what_is_read(conn: &duckdb::Connection, engine: &mut EngineConfig) {
+    let exprs: Vec<&str> = engine
+        .aggregates
+        .iter()
+        .filter_map(|a| a.duck.as_ref().map(|d| d.expr.as_str()))
+        .collect();
+    let names: Vec<String> = engine.columns.iter().map(|c| c.name.clone()).collect();
+    let Some(read) = crate::sql::columns_read(conn, &exprs, &names) else {
+        return;
+    };
+    let key = |n: &String| {
+        engine
+            .columns
+            .iter()
+            .any(|c| &c.name == n && engine.keys.iter().any(|k| k.path == c.path))
+    };
+    let unstaged = names
+        .iter()
+        .filter(|n| !read.contains(n) && !key(n))
+        .cloned()
+        .collect();
+    engine.unstaged = unstaged;
 }

@@ -249,6 +249,7 @@ pub fn parse_run(args: &dyn Args, db_path: Option<&str>) -> Result<RunPlan> {
         typed_inputs: false,
         null_keys: false,
         prefilter: Vec::new(),
+        unstaged: Vec::new(),
         layers: Vec::new(),
     };
     if engine.revisions() && sql.is_none() {

@@ -473,7 +473,8 @@ impl Staging {
 
 /// Makes sure the table of a job's staged events exists with the columns the job stages, in
 /// their order. One that holds another shape is replaced while empty (an earlier job of this
-/// windows table left it), else the run fails naming it.
+/// windows table left it); one that holds these columns and others (an earlier version staged
+/// every declared column) loses the others; else the run fails naming it.
 pub(crate) fn ensure_staged_table(conn: &Connection, staging: &Staging) -> Result<()> {
     let table = &staging.table;
     conn.execute_batch(&staging.ddl())
@@ -498,6 +499,28 @@ pub(crate) fn ensure_staged_table(conn: &Connection, staging: &Staging) -> Resul
     let rows: i64 = conn
         .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
         .map_err(|e| sink_error(table, e))?;
+    // Staged by a version that staged every declared column: the job now stages only those its
+    // aggregates read, so the others are dropped (their order is kept).
+    let mut wanted = want.iter().peekable();
+    let extra: Vec<&String> = have
+        .iter()
+        .filter(|h| {
+            let found = wanted.peek().is_some_and(|w| h.eq_ignore_ascii_case(w));
+            if found {
+                wanted.next();
+            }
+            !found
+        })
+        .collect();
+    if rows > 0 && wanted.peek().is_none() && !extra.is_empty() {
+        let drops: Vec<String> = extra
+            .iter()
+            .map(|c| format!("ALTER TABLE {table} DROP COLUMN {};", quote_ident(c)))
+            .collect();
+        return conn
+            .execute_batch(&drops.concat())
+            .map_err(|e| sink_error(table, e));
+    }
     if rows > 0 {
         return Err(sink_error(
             table,

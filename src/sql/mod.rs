@@ -9,7 +9,8 @@
 //! the SQL of each cycle), which the sink runs (`sink::sql_cycle`).
 //! `targets.rs`: existing targets checked against what the statements make;
 //! `debezium.rs`: the stream of a Debezium topic; `keyed.rs`: an `INSERT OR REPLACE`
-//! statement, a table kept by key from a changelog (its sink: `sink::keyed`).
+//! statement, a table kept by key from a changelog (its sink: `sink::keyed`); `reads.rs`: the
+//! columns a parameter job's DuckDB aggregates read.
 
 mod ast;
 mod builtins;
@@ -20,6 +21,7 @@ mod keyed;
 mod on_duckdb;
 mod on_engine;
 mod plan;
+mod reads;
 mod shape;
 mod staged;
 mod statement;
@@ -32,5 +34,6 @@ mod window_join;
 pub use keyed::{Keyed, MESSAGE_KEY_COLUMN};
 pub use on_duckdb::events_columns;
 pub use plan::{plan, Given, SqlJob};
+pub use reads::columns_read;
 pub use statement::{Body, SqlStatement};
 pub use targets::check_targets;

@@ -128,6 +128,10 @@ pub struct EngineConfig {
     /// The events a statement can read at all (a job written as SQL; empty: every event): the
     /// others are not placed or staged, as if its WHERE dropped them.
     pub prefilter: NullTests,
+    /// Typed columns no aggregate reads (a parameter job that declares more than its DuckDB
+    /// aggregates read): decoded and converted (a value that does not convert is a dead letter),
+    /// not staged.
+    pub unstaged: Vec<String>,
     /// A job of several statements over one read (empty: a job of one): each statement's own
     /// windows, keys and aggregates. This configuration then decodes every event once, into the
     /// typed columns of all of them; its keys are none and its aggregates theirs, in order.
@@ -185,6 +189,7 @@ impl EngineConfig {
             typed_inputs: false,
             null_keys: false,
             prefilter: Vec::new(),
+            unstaged: Vec::new(),
             layers: Vec::new(),
         }
     }
@@ -241,11 +246,12 @@ impl EngineConfig {
         matches!(self.window, WindowKind::Hopping { .. }) || self.late_updates_ms.is_some()
     }
 
-    /// The typed columns a staged event carries beside its key (the keys' are in the key).
+    /// The typed columns a staged event carries beside its key (the keys' are in the key, and
+    /// those no aggregate reads are not staged).
     pub fn staged_values(&self) -> impl Iterator<Item = &TypedColumn> {
-        self.columns
-            .iter()
-            .filter(|c| !self.keys.iter().any(|k| k.path == c.path))
+        self.columns.iter().filter(|c| {
+            !self.keys.iter().any(|k| k.path == c.path) && !self.unstaged.contains(&c.name)
+        })
     }
 
     /// The events of open windows, as the engine hands them to the sink (a job with DuckDB
