@@ -118,15 +118,17 @@ def spawn_measured(args, env=None):
     return out, out["peak_rss_mb"]
 
 
-def best_runs(name, topic, jobs, window=WINDOW, lateness=LATENESS, rounds=2):
+def best_runs(name, topic, jobs, window=WINDOW, lateness=LATENESS, rounds=2, every=None):
     """Each job (name, named arguments) run `rounds` times in fresh processes, alternating, over
-    `topic` with `flush`; the fastest run of each, by name."""
+    `topic` with `flush`; the fastest run of each, by name (and every run of each into `every`)."""
     best = {}
     for _ in range(rounds):
         for job, named in jobs:
             db = fresh_db(name)
             run, _ = spawn_measured(["--child-run", db, topic, json.dumps({**named, "flush": "true"}), str(window),
                                      str(lateness)])
+            if every is not None:
+                every.setdefault(job, []).append(run)
             if job not in best or run["wall_s"] < best[job]["wall_s"]:
                 best[job] = run
     return best

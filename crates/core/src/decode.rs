@@ -263,7 +263,9 @@ impl<'a> Fields<'a> {
             kind: s.kind,
             bytes: src.get(s.start..s.end).unwrap_or(&[]),
             integer: s.integer,
-            duplicate: self.duplicates & (1 << i) != 0,
+            duplicate: 1u64
+                .checked_shl(i as u32)
+                .is_some_and(|b| self.duplicates & b != 0),
             timestamp: s.timestamp,
             number: s.number,
         }

@@ -102,6 +102,9 @@ pub(crate) struct TypedInput {
     pub message_key: bool,
 }
 
+/// The path of a typed column that is not read (its value is NULL).
+const NOT_READ: usize = usize::MAX;
+
 /// The aggregates of most jobs fit in this many inputs.
 const FEW_INPUTS: usize = 8;
 
@@ -183,11 +186,22 @@ impl FieldPlan {
             cfg.time_field_alternatives.iter().map(&mut index).collect()
         };
         let keys = cfg.keys.iter().map(|k| index(&k.path)).collect();
+        // A column no aggregate reads is converted only to find the values that do not convert:
+        // JSON's every value converts to VARCHAR or JSON, so such a column is not even read.
+        let never_fails = |c: &crate::columns::TypedColumn| {
+            cfg.unstaged.contains(&c.name)
+                && cfg.format == Format::Json
+                && matches!(c.repr, Repr::Text | Repr::Json { any: true })
+        };
         let typed: Vec<TypedInput> = cfg
             .columns
             .iter()
             .map(|c| TypedInput {
-                path: index(&c.path),
+                path: if never_fails(c) {
+                    NOT_READ
+                } else {
+                    index(&c.path)
+                },
                 repr: c.repr,
                 sql_type: c.sql_type.clone(),
                 message_key: c.message_key,
