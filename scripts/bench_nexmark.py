@@ -215,15 +215,17 @@ def spawn(kind, spec):
 
 # ---------------------------------------------------------------- data, comparison
 
-def bids(events, split):
-    """events Nexmark bids as 4 NDJSON files (cached): round-robin or contiguous quarters."""
-    d = os.path.join(OUT, f"bids-{events}-{split}")
+def bids(events, split, kind="bid"):
+    """events Nexmark bids (`kind`: or another of the generator's types, `all` of them) as 4 NDJSON
+    files (cached): round-robin or contiguous quarters."""
+    name = "bids" if kind == "bid" else kind
+    d = os.path.join(OUT, f"{name}-{events}-{split}")
     if os.path.exists(os.path.join(d, "done")):
         return d
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
-    gen = subprocess.Popen([NEXMARK, "-t", "bid", "--format", "json", "--no-wait", "-n", str(events)], stdout=subprocess.PIPE)
-    files = [open(os.path.join(d, f"bids-{p}.ndjson"), "wb") for p in range(PARTITIONS)]
+    gen = subprocess.Popen([NEXMARK, "-t", kind, "--format", "json", "--no-wait", "-n", str(events)], stdout=subprocess.PIPE)
+    files = [open(os.path.join(d, f"{name}-{p}.ndjson"), "wb") for p in range(PARTITIONS)]
     per = -(-events // PARTITIONS)
     for i, line in enumerate(gen.stdout):
         files[i % PARTITIONS if split == "roundrobin" else i // per].write(line)

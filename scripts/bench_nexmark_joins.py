@@ -30,7 +30,6 @@ import bench_nexmark  # noqa: E402  (the generator)
 import benchlib  # noqa: E402
 
 ROOT, EXT = benchlib.ROOT, benchlib.EXT
-PARTITIONS = 4
 TIME_FIELDS = "Person.date_time, Auction.date_time, Bid.date_time"
 WINDOW = "TUMBLE(stream, event_time, INTERVAL 10 SECOND)"
 COLUMNS = "{'Person.id AS pid': 'BIGINT', 'Person.name AS name': 'VARCHAR', 'Auction.seller AS seller': 'BIGINT'}"
@@ -81,25 +80,6 @@ print(json.dumps({"events": events, "late": late, "dead": dead, "wall_s": wall, 
 """
 
 
-def data(events):
-    """The generator's whole stream, 4 files round-robin (cached)."""
-    d = os.path.join(benchlib.OUT, "nexmark", f"all-{events}")
-    if os.path.exists(os.path.join(d, "done")):
-        return d
-    os.makedirs(d, exist_ok=True)
-    gen = subprocess.Popen([bench_nexmark.NEXMARK, "--format", "json", "--no-wait", "-n", str(events)],
-                           stdout=subprocess.PIPE)
-    files = [open(os.path.join(d, f"all-{p}.ndjson"), "wb") for p in range(PARTITIONS)]
-    for i, line in enumerate(gen.stdout):
-        files[i % PARTITIONS].write(line)
-    for f in files:
-        f.close()
-    if gen.wait() != 0:
-        raise RuntimeError("nexmark generator failed")
-    open(os.path.join(d, "done"), "w").close()
-    return d
-
-
 def one(q, which, pattern, db):
     sql = q["job"] if which == "job" else q["batch"].format(pattern=pattern)
     out = subprocess.run([sys.executable, "-c", CHILD, EXT, pattern, which, db, sql, COLUMNS, TIME_FIELDS, q["digest"]],
@@ -112,7 +92,7 @@ def one(q, which, pattern, db):
 def main():
     quick = "--quick" in sys.argv[1:]
     events = 200_000 if quick else 1_000_000
-    pattern = f"{data(events)}/*.ndjson"
+    pattern = f"{bench_nexmark.bids(events, 'roundrobin', kind='all')}/*.ndjson"
     db = os.path.join(benchlib.OUT, "nexmark_joins.duckdb")
     rows = ["| query | the job, events/s (median) | (best) | DuckDB's batch query, events/s (median) | (best) | "
             "ratio (median) | rows | peak RSS MB, job / batch |",
