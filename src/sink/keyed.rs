@@ -1,9 +1,9 @@
 //! The sink of a keyed statement (`INSERT OR REPLACE INTO t SELECT ... FROM stream`, planned in
 //! `sql::keyed`): in the cycle's transaction, the statement's rows over the cycle's events are
-//! reduced to the last change of each key, every key changed is deleted from the target, and
-//! the keys whose last change is not a delete are inserted again. Deleting then inserting
-//! needs no index (a DuckLake has none) and gives the same table whatever the target held, so
-//! a cycle run again after a crash writes what it wrote the first time.
+//! reduced to the last change of each key: a key whose last change is a delete is deleted from
+//! the target, a key still there is updated, and the others are inserted. Matching by the key's
+//! values needs no index (a DuckLake has none) and gives the same table whatever the target held,
+//! so a cycle run again after a crash writes what it wrote the first time.
 #![forbid(unsafe_code)]
 
 use duckdb::Connection;
@@ -95,13 +95,33 @@ pub fn write(conn: &Connection, target: &str, keyed: &Keyed) -> Result<()> {
         .iter()
         .map(|c| format!("__se_target.{c} = __se_last.{c}"))
         .collect();
+    // A key still there is updated in place, not deleted and inserted again: DuckDB 1.4 could
+    // refuse the commit of a key deleted and inserted again while an older transaction (the
+    // statement running the job) still saw its old row ("write-write conflict on key"), on every
+    // retry of the cycle.
+    let set: Vec<String> = cols
+        .iter()
+        .filter(|c| !key.contains(c))
+        .map(|c| format!("{c} = __se_last.{c}"))
+        .collect();
+    let update = if set.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "UPDATE {target} AS __se_target SET {} FROM __se_last WHERE {} AND NOT __se_last.__se_d;",
+            set.join(", "),
+            matched.join(" AND ")
+        )
+    };
     conn.execute_batch(&format!(
         "CREATE OR REPLACE TEMP TABLE __se_last AS SELECT * FROM (
              SELECT * FROM __se_changes
              QUALIFY row_number() OVER (PARTITION BY {k}, __se_p ORDER BY __se_o DESC) = 1)
          QUALIFY row_number() OVER (PARTITION BY {k} ORDER BY __se_t DESC, __se_p DESC) = 1;
-         DELETE FROM {target} AS __se_target USING __se_last WHERE {matched};
-         INSERT INTO {target} ({cols}) SELECT {cols} FROM __se_last WHERE NOT __se_d;
+         DELETE FROM {target} AS __se_target USING __se_last WHERE {matched} AND __se_last.__se_d;
+         {update}
+         INSERT INTO {target} ({cols}) SELECT {cols} FROM __se_last WHERE NOT __se_d
+           AND NOT EXISTS (SELECT 1 FROM {target} AS __se_target WHERE {matched});
          DROP TABLE __se_changes; DROP TABLE __se_last;",
         matched = matched.join(" AND "),
         cols = cols.join(", ")
