@@ -172,6 +172,7 @@ fn runs(
             RunEnd::Done(_) => {
                 backoff.reset();
                 let Some(every) = job.every_ms else { break };
+                crate::host::os::release_free_memory();
                 let at = next_start_ms(anchor_ms, every, now_ms());
                 job.waiting(at);
                 if job.wait_until(at) {
